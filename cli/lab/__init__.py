@@ -1,0 +1,1 @@
+"""`medic lab`: a real Slurm cluster with simulated GPUs on one machine."""

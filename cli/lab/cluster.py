@@ -1,0 +1,550 @@
+"""Bring a lab cluster up and down: munged, slurmctld and one slurmd per node, on loopback,
+without systemd. Every daemon runs in the foreground (-D/-F) in its own session; we keep
+their PIDs and tear down by PID, never by process name.
+
+The same class serves `medic lab`, the pytest fixtures, the demo and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cli.lab import scenario as scenario_mod
+from cli.lab.layout import LabLayout, NodeLayout
+from cli.lab.slurm_conf import (
+    LabPorts,
+    LabSpec,
+    render_gres_conf,
+    render_medic_conf,
+    render_slurm_conf,
+)
+from medic_core import proc
+
+DEBIAN_PACKAGES = ("munge", "slurmctld", "slurmd", "slurm-client")
+DAEMONS = {
+    "munged": "/usr/sbin/munged",
+    "slurmctld": "/usr/sbin/slurmctld",
+    "slurmd": "/usr/sbin/slurmd",
+}
+HOOKS = ("medic-prolog", "medic-epilog", "medic-healthcheck")
+# Every process the lab starts carries this variable; `down` sweeps stragglers by it
+# (slurmstepd and job processes inherit it from slurmd and the submitting shell).
+LAB_TAG_ENV = "MEDIC_LAB_ROOT"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CMD_TIMEOUT = 15.0
+NVIDIA_MAJOR = 195
+
+
+class LabError(RuntimeError):
+    """The lab could not do what was asked; the message says why and what to do."""
+
+
+@dataclass
+class LabState:
+    """What `up` started, persisted in lab.json so another process can tear it down."""
+
+    spec: LabSpec
+    ports: LabPorts
+    host: str
+    venv_bin: str
+    munged_pid: int = 0
+    slurmctld_pid: int = 0
+    started_at: float = 0.0
+    up_seconds: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> LabState:
+        raw = json.loads(text)
+        raw["spec"] = LabSpec(**raw["spec"])
+        raw["ports"] = LabPorts(**raw["ports"])
+        return cls(**raw)
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    name: str
+    state: str
+    flags: tuple[str, ...]
+    reason: str
+    slurmd_pid: int | None
+    gpus: int
+
+    @property
+    def is_idle(self) -> bool:
+        return self.state == "IDLE" and not self.flags
+
+
+@dataclass
+class LabStatus:
+    root: Path
+    running: bool
+    nodes: list[NodeStatus] = field(default_factory=list)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs; reaps it if it is our exited child, and treats zombies as gone."""
+    if pid <= 0:
+        return False
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for(
+    what: str, predicate: Callable[[], bool], timeout: float, interval: float = 0.05
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise LabError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _free_port_block(count: int) -> int:
+    """First port of `count` consecutive free loopback ports."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + count >= 65000:
+            continue
+        if all(_port_free(first + i) for i in range(count)):
+            return first
+    raise LabError("no block of free loopback ports found")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+
+
+def make_gpu_devices(dev: Path, count: int) -> None:
+    """/dev/nvidiaN as character devices with the NVIDIA driver's major number (195), as on
+    a real host; without root they fall back to plain files, which slurmd accepts noisily."""
+    dev.mkdir(parents=True, exist_ok=True)
+    for index in range(count):
+        path = dev / f"nvidia{index}"
+        if path.exists():
+            continue
+        try:
+            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, index))
+        except PermissionError:
+            path.touch()
+
+
+def ensure_packages() -> None:
+    """Install Debian's Slurm and munge packages when a daemon is missing (root only)."""
+    missing = [name for name, path in DAEMONS.items() if not Path(path).exists()]
+    if not missing and shutil.which("sinfo"):
+        return
+    if os.geteuid() != 0:
+        raise LabError(
+            f"{', '.join(missing) or 'sinfo'} not installed; as root run: "
+            f"apt-get install {' '.join(DEBIAN_PACKAGES)}"
+        )
+    env = {"PATH": SYSTEM_PATH, "DEBIAN_FRONTEND": "noninteractive"}
+    proc.run(["apt-get", "update", "-qq"], timeout=300, env=env, check=True)
+    proc.run(
+        ["apt-get", "install", "-y", "-qq", *DEBIAN_PACKAGES], timeout=600, env=env, check=True
+    )
+
+
+class Lab:
+    def __init__(self, root: Path, venv_bin: Path | None = None) -> None:
+        self.root = root.resolve()
+        self.layout = LabLayout(self.root)
+        # The venv whose console scripts the hook wrappers exec (hooks get no PATH).
+        self.venv_bin = venv_bin or Path(sys.executable).parent
+
+    # ---- environment -------------------------------------------------------------------
+
+    def env(self, node: str | None = None) -> dict[str, str]:
+        """What a process needs to talk to this lab (and, with `node`, to act as that node)."""
+        env = {
+            "SLURM_CONF": str(self.layout.slurm_conf),
+            "MEDIC_CONFIG": str(self.layout.medic_conf),
+            "LD_LIBRARY_PATH": str(self.layout.lib_dir),
+            "NVML_INJECT_SCENARIO": str(self.layout.root / "nodes" / "{node}" / "nvml.scenario"),
+            LAB_TAG_ENV: str(self.root),
+        }
+        if node is not None:
+            env["MEDIC_NODE_NAME"] = node
+        return env
+
+    def process_env(self, node: str | None = None) -> dict[str, str]:
+        """A full environment for a child process: ours plus the lab's."""
+        env = dict(os.environ)
+        env.setdefault("PATH", SYSTEM_PATH)
+        env.update(self.env(node))
+        return env
+
+    def state(self) -> LabState:
+        try:
+            return LabState.from_json(self.layout.state_file.read_text())
+        except FileNotFoundError:
+            raise LabError(f"no lab at {self.root}: run `medic lab up --dir {self.root}`") from None
+
+    def node_names(self) -> list[str]:
+        return self.state().spec.node_names()
+
+    def node(self, name: str) -> NodeLayout:
+        if name not in self.node_names():
+            raise LabError(
+                f"no node {name!r} in the lab at {self.root}; nodes: {', '.join(self.node_names())}"
+            )
+        return self.layout.node(name)
+
+    # ---- up ----------------------------------------------------------------------------
+
+    def up(self, spec: LabSpec | None = None, timeout: float = 30.0) -> LabState:
+        spec = spec or LabSpec()
+        if self.layout.state_file.exists() and self.is_running():
+            raise LabError(
+                f"a lab is already running at {self.root}: `medic lab down --dir {self.root}` first"
+            )
+        started = time.monotonic()
+        ensure_packages()
+        host = socket.gethostname().split(".")[0]
+        ports = LabPorts(slurmctld=_free_port_block(spec.nodes + 1), slurmd_first=0)
+        ports = LabPorts(slurmctld=ports.slurmctld, slurmd_first=ports.slurmctld + 1)
+        state = LabState(
+            spec=spec, ports=ports, host=host, venv_bin=str(self.venv_bin), started_at=time.time()
+        )
+        self._write_files(state)
+        try:
+            state.munged_pid = self._start_munged()
+            self._save(state)
+            state.slurmctld_pid = self._start_slurmctld()
+            self._save(state)
+            for name in spec.node_names():
+                self.start_slurmd(name)
+            wait_for(
+                "all lab nodes to be IDLE",
+                lambda: all(n.is_idle for n in self.nodes()),
+                timeout,
+            )
+        except BaseException:
+            self.down()
+            raise
+        state.up_seconds = time.monotonic() - started
+        self._save(state)
+        return state
+
+    def _save(self, state: LabState) -> None:
+        tmp = self.layout.state_file.with_suffix(".tmp")
+        tmp.write_text(state.to_json())
+        tmp.replace(self.layout.state_file)
+
+    def _write_files(self, state: LabState) -> None:
+        from healthd.fixtures import write_host_tree
+
+        from cli.lab.nvml.build import build_library
+
+        layout = self.layout
+        # A new lab starts from an empty controller state (no jobs, no drains of a past run).
+        shutil.rmtree(layout.ctld_dir / "state", ignore_errors=True)
+        for d in (layout.etc, layout.ctld_dir / "state", layout.bin_dir, layout.lib_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        # munged refuses a socket directory that others cannot enter, or a readable key dir.
+        layout.munge_dir.mkdir(parents=True, exist_ok=True)
+        layout.munge_dir.chmod(0o755)
+        key = layout.munge_dir / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        self._save(state)
+        layout.slurm_conf.write_text(render_slurm_conf(state.spec, layout, state.ports, state.host))
+        (layout.etc / "gres.conf").write_text(render_gres_conf(state.spec, layout))
+        layout.medic_conf.write_text(render_medic_conf(layout))
+        self._write_wrappers()
+        build_library(layout.lib_dir)
+        for name in state.spec.node_names():
+            node = layout.node(name)
+            for d in (node.spool, node.state_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            if not node.host_root.exists():
+                write_host_tree(node.host_root)
+            make_gpu_devices(node.host_root / "dev", state.spec.gpus_per_node)
+            scenario_mod.write_scenario(
+                node.scenario, scenario_mod.default_scenario(name, state.spec.gpus_per_node)
+            )
+        layout.env_file.write_text("\n".join(self.export_lines()) + "\n")
+
+    def _write_wrappers(self) -> None:
+        """Hook scripts named in slurm.conf. Slurm runs hooks with no PATH and nothing of
+        slurmd's environment, so the wrapper supplies the lab's config and NVML library;
+        in production slurm.conf names the console scripts directly."""
+        exports = "".join(f"export {k}='{v}'\n" for k, v in self.env().items())
+        header = f"#!/bin/sh\n# Written by `medic lab up`.\nexport PATH='{SYSTEM_PATH}'\n{exports}"
+        for hook in HOOKS:
+            self._write_script(
+                self.layout.bin_dir / hook, f'{header}exec "{self.venv_bin / hook}" "$@"\n'
+            )
+        python = self.venv_bin / "python"
+        reboot = f'{header}exec "{python}" -m cli.lab.reboot --lab-root "{self.root}"\n'
+        self._write_script(self.layout.bin_dir / "medic-lab-reboot", reboot)
+
+    @staticmethod
+    def _write_script(path: Path, text: str) -> None:
+        path.write_text(text)
+        path.chmod(0o755)
+
+    def _daemon_env(self) -> dict[str, str]:
+        env = {"PATH": SYSTEM_PATH, "HOME": str(self.root), "LANG": "C.UTF-8"}
+        env.update(self.env())
+        return env
+
+    def _start_munged(self) -> int:
+        m = self.layout.munge_dir
+        pid = proc.spawn(
+            [
+                DAEMONS["munged"],
+                "-F",
+                "--force",
+                f"--key-file={m / 'munge.key'}",
+                f"--socket={self.layout.munge_socket}",
+                f"--pid-file={m / 'munged.pid'}",
+                f"--log-file={m / 'munged.log'}",
+                f"--seed-file={m / 'munged.seed'}",
+            ],
+            log_path=m / "munged.out",
+            env=self._daemon_env(),
+        )
+        wait_for("munged", lambda: self._munge_ok(pid), 10)
+        return pid
+
+    def _munge_ok(self, pid: int) -> bool:
+        if not pid_alive(pid):
+            raise LabError(f"munged exited: see {self.layout.munge_dir / 'munged.log'}")
+        return self.layout.munge_socket.exists()
+
+    def _start_slurmctld(self) -> int:
+        pid = proc.spawn(
+            [DAEMONS["slurmctld"], "-D", "-i", "-f", str(self.layout.slurm_conf)],
+            log_path=self.layout.ctld_dir / "slurmctld.out",
+            env=self._daemon_env(),
+        )
+
+        def ready() -> bool:
+            if not pid_alive(pid):
+                raise LabError(f"slurmctld exited: see {self.layout.ctld_dir / 'slurmctld.log'}")
+            return "is UP" in self.slurm(["scontrol", "ping"], check=False).stdout
+
+        wait_for("slurmctld to answer", ready, 15, interval=0.1)
+        return pid
+
+    def start_slurmd(self, name: str, rebooted: bool = False) -> int:
+        """Start one node's slurmd; `rebooted` reports a completed reboot to slurmctld (-b)."""
+        node = self.layout.node(name)
+        node.slurmd_pid.unlink(missing_ok=True)
+        argv = [DAEMONS["slurmd"], "-D", "-N", name, "-f", str(self.layout.slurm_conf)]
+        if rebooted:
+            argv.insert(1, "-b")
+        pid = proc.spawn(argv, log_path=node.dir / "slurmd.out", env=self._daemon_env())
+        return pid
+
+    # ---- slurm -------------------------------------------------------------------------
+
+    def slurm(
+        self, argv: list[str], *, timeout: float = CMD_TIMEOUT, check: bool = True
+    ) -> proc.CommandResult:
+        """Run a Slurm client command against this lab."""
+        return proc.run(argv, timeout=timeout, env=self.process_env(), check=check)
+
+    def sinfo_nodes(self) -> list[dict[str, Any]]:
+        out = self.slurm(["sinfo", "--json"]).stdout
+        nodes: list[dict[str, Any]] = json.loads(out)["nodes"]
+        return nodes
+
+    def nodes(self) -> list[NodeStatus]:
+        state = self.state()
+        result = []
+        for raw in sorted(
+            self.sinfo_nodes(), key=lambda n: int(n["name"][len(state.spec.node_prefix) :])
+        ):
+            name = raw["name"]
+            layout = self.layout.node(name)
+            pid = _read_pid(layout.slurmd_pid)
+            result.append(
+                NodeStatus(
+                    name=name,
+                    state=str(raw["state"]).upper(),
+                    flags=tuple(raw.get("state_flags", [])),
+                    reason=raw.get("reason", "") or "",
+                    slurmd_pid=pid if pid and pid_alive(pid) else None,
+                    gpus=len(scenario_mod.read_scenario(layout.scenario).present_gpus()),
+                )
+            )
+        return result
+
+    def status(self) -> LabStatus:
+        if not self.layout.state_file.exists():
+            return LabStatus(self.root, running=False)
+        running = self.is_running()
+        return LabStatus(self.root, running=running, nodes=self.nodes() if running else [])
+
+    def is_running(self) -> bool:
+        try:
+            state = self.state()
+        except (LabError, ValueError, KeyError):
+            return False
+        return pid_alive(state.slurmctld_pid) and pid_alive(state.munged_pid)
+
+    # ---- down --------------------------------------------------------------------------
+
+    def daemon_pids(self) -> list[int]:
+        pids: list[int] = []
+        try:
+            state = self.state()
+        except LabError:
+            return pids
+        for name in state.spec.node_names():
+            pid = _read_pid(self.layout.node(name).slurmd_pid)
+            if pid:
+                pids.append(pid)
+        pids += [state.slurmctld_pid, state.munged_pid]
+        return [p for p in pids if p > 0]
+
+    def tagged_pids(self) -> list[int]:
+        """Processes (slurmstepd, job tasks, stray daemons) carrying this lab's tag."""
+        tag = f"{LAB_TAG_ENV}={self.root}".encode()
+        me = os.getpid()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == me:
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if tag in environ.split(b"\0"):
+                found.append(int(entry.name))
+        return [p for p in found if pid_alive(p)]
+
+    def down(self, timeout: float = 15.0) -> None:
+        """Cancel jobs, stop every daemon by PID, then sweep anything left with our tag."""
+        if self.is_running():
+            self.slurm(
+                [
+                    "scancel",
+                    "--full",
+                    "--quiet",
+                    "--state=RUNNING,PENDING,SUSPENDED",
+                    "--user=root",
+                ],
+                check=False,
+            )
+        self._terminate(self.daemon_pids(), timeout)
+        self._terminate(self.tagged_pids(), timeout)
+        self.layout.munge_socket.unlink(missing_ok=True)
+
+    @staticmethod
+    def _terminate(pids: list[int], timeout: float) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            try:
+                wait_for(
+                    "processes to exit", lambda: not any(pid_alive(p) for p in pids), timeout / 2
+                )
+                return
+            except LabError:
+                continue
+
+    # ---- nodes -------------------------------------------------------------------------
+
+    def reboot_node(self, name: str, slurmd_pid: int | None = None, timeout: float = 15.0) -> int:
+        """Simulated reboot: stop the node's slurmd, apply what a reboot clears to its GPUs,
+        and start slurmd with -b so slurmctld sees the reboot complete."""
+        node = self.node(name)
+        pid = slurmd_pid or _read_pid(node.slurmd_pid)
+        if pid:
+            self._terminate([pid], timeout)
+        scenario_mod.write_scenario(
+            node.scenario, scenario_mod.reboot(scenario_mod.read_scenario(node.scenario))
+        )
+        return self.start_slurmd(name, rebooted=True)
+
+    def inject(self, name: str, gpu: int | None, specs: list[str]) -> None:
+        node = self.node(name)
+        current = scenario_mod.read_scenario(node.scenario)
+        for spec in specs:
+            current = scenario_mod.inject(current, gpu, spec)
+        scenario_mod.write_scenario(node.scenario, current)
+
+    def reset(self, timeout: float = 20.0) -> None:
+        """Back to a clean lab between tests: no jobs, fresh GPUs and host trees, all IDLE."""
+        from healthd.fixtures import write_host_tree
+
+        state = self.state()
+        self.slurm(["scancel", "--full", "--quiet", "--user=root"], check=False)
+        for name in state.spec.node_names():
+            node = self.layout.node(name)
+            scenario_mod.write_scenario(
+                node.scenario, scenario_mod.default_scenario(name, state.spec.gpus_per_node)
+            )
+            shutil.rmtree(node.host_root, ignore_errors=True)
+            write_host_tree(node.host_root)
+            make_gpu_devices(node.host_root / "dev", state.spec.gpus_per_node)
+            shutil.rmtree(node.state_dir, ignore_errors=True)
+            node.state_dir.mkdir(parents=True)
+            pid = _read_pid(node.slurmd_pid)
+            if not (pid and pid_alive(pid)):
+                self.start_slurmd(name)
+
+        def settled() -> bool:
+            jobs = json.loads(self.slurm(["squeue", "--json"]).stdout)["jobs"]
+            if jobs:
+                return False
+            nodes = self.nodes()
+            for n in nodes:
+                if not n.is_idle and n.state not in ("ALLOCATED", "MIXED", "COMPLETING"):
+                    self.slurm(
+                        ["scontrol", "update", f"nodename={n.name}", "state=resume"], check=False
+                    )
+            return all(n.is_idle for n in nodes)
+
+        wait_for("lab nodes to return to IDLE", settled, timeout, interval=0.1)
+
+    def export_lines(self) -> list[str]:
+        """Shell lines that point a terminal at this lab (printed by `up`, kept in env.sh)."""
+        lines = [f"export {key}={shlex.quote(value)}" for key, value in self.env().items()]
+        lines.append(f'export PATH={shlex.quote(str(self.venv_bin))}:"$PATH"')
+        return lines

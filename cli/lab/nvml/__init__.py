@@ -1,0 +1,1 @@
+"""The NVML injection library: NVIDIA's NVML symbols served from a scenario file."""

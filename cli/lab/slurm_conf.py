@@ -1,0 +1,125 @@
+"""slurm.conf, gres.conf and medic.toml for a lab: pure text rendering from a spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cli.lab.layout import LabLayout
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    nodes: int = 5
+    gpus_per_node: int = 8
+    cpus_per_node: int = 16
+    memory_mb: int = 64000
+    partition: str = "gpu"
+    cluster_name: str = "medic-lab"
+    node_prefix: str = "n"
+
+    def node_names(self) -> list[str]:
+        return [f"{self.node_prefix}{i}" for i in range(1, self.nodes + 1)]
+
+    def node_range(self) -> str:
+        return f"{self.node_prefix}[1-{self.nodes}]" if self.nodes > 1 else f"{self.node_prefix}1"
+
+
+@dataclass(frozen=True)
+class LabPorts:
+    slurmctld: int
+    slurmd_first: int  # node i listens on slurmd_first + i - 1
+
+    def slurmd(self, index: int) -> int:
+        return self.slurmd_first + index
+
+
+def render_slurm_conf(spec: LabSpec, layout: LabLayout, ports: LabPorts, host: str) -> str:
+    nodes = layout.root / "nodes" / "%n"
+    last_port = ports.slurmd(spec.nodes - 1)
+    port_range = f"{ports.slurmd_first}-{last_port}" if spec.nodes > 1 else str(last_port)
+    bin_dir = layout.bin_dir
+    gres = f"Gres=gpu:{spec.gpus_per_node} " if spec.gpus_per_node else ""
+    lines = [
+        "# Written by `medic lab up`: a real slurmctld and one slurmd per node on loopback.",
+        f"ClusterName={spec.cluster_name}",
+        f"SlurmctldHost={host}(127.0.0.1)",
+        f"SlurmctldPort={ports.slurmctld}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        # cred_expire=10 shortens the delay Slurm puts on a requeued job (default 121 s).
+        f"AuthInfo=socket={layout.munge_socket},cred_expire=10",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={layout.ctld_dir / 'state'}",
+        f"SlurmctldPidFile={layout.ctld_dir / 'slurmctld.pid'}",
+        f"SlurmctldLogFile={layout.ctld_dir / 'slurmctld.log'}",
+        f"SlurmdSpoolDir={nodes / 'spool'}",
+        f"SlurmdPidFile={nodes / 'slurmd.pid'}",
+        f"SlurmdLogFile={nodes / 'slurmd.log'}",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        # No cgroups, no accounting daemon: everything runs as plain processes on this host.
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "MpiDefault=none",
+        "MailProg=/bin/true",
+        # The node's declared CPUs and memory stand even though all nodes share this host.
+        "SlurmdParameters=config_overrides",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
+        "GresTypes=gpu",
+        "ReturnToService=2",
+        "SlurmdTimeout=30",
+        "ResumeTimeout=60",
+        "MinJobAge=600",
+        "JobRequeue=1",
+        "PrologFlags=Alloc",
+        f"Prolog={bin_dir / 'medic-prolog'}",
+        f"Epilog={bin_dir / 'medic-epilog'}",
+        f"HealthCheckProgram={bin_dir / 'medic-healthcheck'}",
+        "HealthCheckInterval=60",
+        "HealthCheckNodeState=ANY",
+        f"RebootProgram={bin_dir / 'medic-lab-reboot'}",
+        (
+            f"NodeName={spec.node_range()} NodeHostname={host} NodeAddr=127.0.0.1 "
+            f"Port={port_range} CPUs={spec.cpus_per_node} RealMemory={spec.memory_mb} "
+            f"{gres}State=UNKNOWN"
+        ),
+        f"PartitionName={spec.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_gres_conf(spec: LabSpec, layout: LabLayout) -> str:
+    # slurmd drops a GPU without a device file ("Removing file-less GPU"), so each node's
+    # host tree carries /dev/nvidiaN character devices; nothing ever opens them.
+    if spec.gpus_per_node == 0:
+        return ""
+    last = spec.gpus_per_node - 1
+    lines = []
+    for name in spec.node_names():
+        dev = layout.node(name).host_root / "dev"
+        lines.append(f"NodeName={name} Name=gpu File={dev}/nvidia[0-{last}]")
+    return "\n".join(lines) + "\n"
+
+
+def render_medic_conf(layout: LabLayout) -> str:
+    node_dir = layout.node_template()
+    return "\n".join(
+        [
+            "# Written by `medic lab up`. {node} is this node's name (SLURMD_NODENAME or",
+            "# MEDIC_NODE_NAME): several lab nodes share this host, each with its own paths.",
+            "[node]",
+            f'host_root = "{node_dir}/host"',
+            f'state_dir = "{node_dir}/state"',
+            f'socket = "{node_dir}/healthd.sock"',
+            "",
+            "[slurm]",
+            f'conf = "{layout.slurm_conf}"',
+            "",
+        ]
+    )

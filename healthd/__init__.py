@@ -1,0 +1,1 @@
+"""The node health daemon: launch, periodic and deep checks, NVML events, kernel log."""

@@ -1,0 +1,106 @@
+"""Required daemons: a live process with the service's name under /proc."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from healthd.checks.base import (
+    Check,
+    CheckConfig,
+    CheckContext,
+    Result,
+    Status,
+    Tier,
+    fault,
+    not_applicable,
+    ok,
+    register,
+    setting,
+)
+from healthd.hostfs import list_dir, read_text, read_value
+
+NAME = "services"
+COMM_LEN = 15  # the kernel truncates /proc/<pid>/comm to TASK_COMM_LEN - 1 bytes
+FABRICMANAGER = "nv-fabricmanager"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServicesConfig(CheckConfig):
+    required: tuple[str, ...] = setting(
+        ("munged", "nvidia-persistenced"), doc="process names that must be running"
+    )
+    fabricmanager: bool = setting(
+        False, doc="also require nv-fabricmanager (NVSwitch systems: HGX H100/H200/B200)"
+    )
+
+    @property
+    def services(self) -> tuple[str, ...]:
+        return self.required + ((FABRICMANAGER,) if self.fabricmanager else ())
+
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        for name in self.required:
+            if not name or "/" in name:
+                yield "required", f"{name!r} is not a process name", "give the daemon's name"
+
+
+@dataclass(frozen=True)
+class ServicesObservation:
+    processes: Mapping[str, tuple[int, ...]]  # comm -> live pids (zombies excluded)
+
+
+def _state(stat: str | None) -> str | None:
+    """The state letter from /proc/<pid>/stat (after the parenthesised comm)."""
+    if stat is None or ")" not in stat:
+        return None
+    rest = stat.rsplit(")", 1)[1].split()
+    return rest[0] if rest else None
+
+
+@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=60, timeout=5)
+class ServicesCheck(Check[ServicesObservation, ServicesConfig]):
+    """Required services (munged, nvidia-persistenced, optionally nv-fabricmanager) run."""
+
+    config_type = ServicesConfig
+
+    def gather(self, ctx: CheckContext, cfg: ServicesConfig) -> ServicesObservation:
+        pids = list_dir(ctx.roots.root, "proc")
+        if pids is None:
+            raise FileNotFoundError(f"{ctx.roots.proc} is missing")
+        processes: dict[str, list[int]] = {}
+        for pid in pids:
+            if not pid.isdigit():
+                continue
+            try:
+                comm = read_value(ctx.roots.proc, f"{pid}/comm")
+                state = _state(read_text(ctx.roots.proc, f"{pid}/stat"))
+            except ProcessLookupError:
+                continue  # exited between listing and reading
+            if comm is None or state == "Z":
+                continue
+            processes.setdefault(comm, []).append(int(pid))
+        return ServicesObservation({k: tuple(v) for k, v in processes.items()})
+
+    @staticmethod
+    def evaluate(observation: ServicesObservation, cfg: ServicesConfig) -> list[Result]:
+        if not cfg.services:
+            return [not_applicable(NAME, "no services required")]
+        results = []
+        for service in cfg.services:
+            pids = observation.processes.get(service[:COMM_LEN], ())
+            if pids:
+                results.append(
+                    ok(NAME, f"{service} running", target=service, evidence={"pids": list(pids)})
+                )
+            else:
+                results.append(
+                    fault(
+                        NAME,
+                        Status.CRITICAL,
+                        "service.down",
+                        f"{service} is not running",
+                        target=service,
+                        evidence={"comm": service[:COMM_LEN]},
+                    )
+                )
+        return results

@@ -1,0 +1,241 @@
+"""Runs checks, each in its own daemon thread with its own timeout.
+
+A check that raises or overruns yields UNKNOWN (never a hardware verdict) with the reason
+in the evidence. An overrunning check keeps its thread (Python cannot kill a thread, and a
+thread stuck in a hung filesystem cannot be interrupted anyway); the runner remembers it
+and, until it returns, reports it UNKNOWN "still hung since ..." instead of starting a second
+copy, so one hang costs one thread, not one per interval.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+import traceback
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from healthd.checks import registry
+from healthd.checks.base import (
+    Check,
+    CheckConfig,
+    CheckContext,
+    CheckSpec,
+    Result,
+    Status,
+    Tier,
+    fault,
+)
+
+
+class RunState(str, Enum):
+    DONE = "done"
+    ERROR = "error"  # gather or evaluate raised, or returned something that is not results
+    TIMEOUT = "timeout"  # overran its timeout this run; its thread goes on
+    HUNG = "hung"  # a previous run still has not returned; not started again
+    UNAVAILABLE = "unavailable"  # the context lacks something the check needs
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    name: str
+    state: RunState
+    results: tuple[Result, ...]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RunReport:
+    started: dt.datetime
+    seconds: float
+    outcomes: tuple[CheckOutcome, ...]
+
+    @property
+    def results(self) -> list[Result]:
+        return [r for o in self.outcomes for r in o.results]
+
+    @property
+    def durations(self) -> dict[str, float]:
+        return {o.name: o.seconds for o in self.outcomes}
+
+
+def _unknown(name: str, fault_class: str, message: str, **evidence: Any) -> Result:
+    return fault(name, Status.UNKNOWN, fault_class, message, evidence=evidence)
+
+
+@dataclass
+class _Slot:
+    """Where a worker thread leaves its answer."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    results: list[Result] | None = None
+    error: BaseException | None = None
+    phase: str = "gather"
+    seconds: float = 0.0
+
+
+@dataclass
+class _Hung:
+    thread: threading.Thread
+    since: dt.datetime
+    started: float
+
+
+class Runner:
+    """Owns one instance of each check (their between-run state) and runs them.
+
+    `run` is serialised by a lock: the daemon's scheduler, a prolog request and a manual
+    `medic` request may arrive together, and a check's state must not be shared by two runs.
+    """
+
+    def __init__(
+        self,
+        ctx: CheckContext,
+        configs: Mapping[str, CheckConfig] | None = None,
+        specs: Iterable[CheckSpec] | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.specs = {s.name: s for s in (registry() if specs is None else specs)}
+        self.configs = {
+            name: (configs or {}).get(name) or spec.default_config()
+            for name, spec in self.specs.items()
+        }
+        self._checks: dict[str, Check[Any, Any]] = {n: s.create() for n, s in self.specs.items()}
+        self._hung: dict[str, _Hung] = {}
+        self._lock = threading.Lock()
+
+    def selected(self, names: Collection[str] | None = None, tier: Tier | None = None) -> list[str]:
+        """Enabled checks, optionally only `names` and only those in `tier`."""
+        if names is not None:
+            unknown = set(names) - set(self.specs)
+            if unknown:
+                raise KeyError(f"unknown checks: {', '.join(sorted(unknown))}")
+        return [
+            name
+            for name, spec in self.specs.items()
+            if (names is None or name in names)
+            and (tier is None or tier in spec.tiers)
+            and self.configs[name].enabled
+        ]
+
+    def hung(self) -> dict[str, dt.datetime]:
+        """Checks whose thread is still stuck in an earlier run, and since when."""
+        with self._lock:
+            self._reap()
+            return {name: h.since for name, h in self._hung.items()}
+
+    def _reap(self) -> None:
+        for name in [n for n, h in self._hung.items() if not h.thread.is_alive()]:
+            del self._hung[name]
+
+    def run(
+        self,
+        names: Collection[str] | None = None,
+        *,
+        tier: Tier | None = None,
+        budget: float | None = None,
+    ) -> RunReport:
+        """Run the selected checks in parallel; return when all have answered or reached
+        their timeout (capped by `budget` seconds overall, for the launch tier)."""
+        with self._lock:
+            return self._run(self.selected(names, tier), budget)
+
+    def _run(self, names: list[str], budget: float | None) -> RunReport:
+        started_wall = self.ctx.clock.now()
+        start = time.monotonic()
+        self._reap()
+        outcomes: dict[str, CheckOutcome] = {}
+        running: dict[str, tuple[threading.Thread, _Slot, float, float]] = {}
+        for name in names:
+            spec, cfg = self.specs[name], self.configs[name]
+            missing = [need for need in spec.needs if not self.ctx.provides(need)]
+            if missing:
+                result = _unknown(
+                    name,
+                    "check.unavailable",
+                    f"{name}: this node's context lacks {', '.join(missing)}",
+                    missing=missing,
+                )
+                outcomes[name] = CheckOutcome(name, RunState.UNAVAILABLE, (result,), 0.0)
+                continue
+            hung = self._hung.get(name)
+            if hung is not None:
+                since = hung.since.isoformat(timespec="seconds")
+                result = _unknown(
+                    name,
+                    "check.hung",
+                    f"{name}: still hung since {since}; not started again",
+                    hung_since=since,
+                    hung_seconds=round(time.monotonic() - hung.started, 1),
+                )
+                outcomes[name] = CheckOutcome(name, RunState.HUNG, (result,), 0.0)
+                continue
+            timeout = spec.timeout_for(cfg)
+            if budget is not None:
+                timeout = min(timeout, budget)
+            slot = _Slot()
+            thread = threading.Thread(
+                target=self._work,
+                args=(self._checks[name], cfg, slot),
+                name=f"check-{name}",
+                daemon=True,
+            )
+            thread_start = time.monotonic()
+            thread.start()
+            running[name] = (thread, slot, thread_start + timeout, timeout)
+
+        for name, (thread, slot, deadline, timeout) in running.items():
+            if slot.done.wait(max(0.0, deadline - time.monotonic())):
+                outcomes[name] = self._collect(name, slot)
+                continue
+            since = self.ctx.clock.now()
+            self._hung[name] = _Hung(thread, since, deadline - timeout)
+            result = _unknown(
+                name,
+                "check.timeout",
+                f"{name}: no answer within {timeout:g}s ({slot.phase})",
+                timeout_seconds=timeout,
+                phase=slot.phase,
+            )
+            outcomes[name] = CheckOutcome(name, RunState.TIMEOUT, (result,), timeout)
+        return RunReport(
+            started=started_wall,
+            seconds=time.monotonic() - start,
+            outcomes=tuple(outcomes[n] for n in names),
+        )
+
+    def _work(self, check: Check[Any, Any], cfg: CheckConfig, slot: _Slot) -> None:
+        begin = time.monotonic()
+        try:
+            observation = check.gather(self.ctx, cfg)
+            slot.phase = "evaluate"
+            slot.results = list(check.evaluate(observation, cfg))
+        except BaseException as exc:
+            slot.error = exc
+        finally:
+            slot.seconds = time.monotonic() - begin
+            slot.done.set()
+
+    def _collect(self, name: str, slot: _Slot) -> CheckOutcome:
+        if slot.error is not None:
+            exc = slot.error
+            where = traceback.extract_tb(exc.__traceback__)[-1:]
+            result = _unknown(
+                name,
+                "check.error",
+                f"{name}: {slot.phase} failed: {type(exc).__name__}: {exc}",
+                phase=slot.phase,
+                error=f"{type(exc).__name__}: {exc}",
+                where=[f"{f.filename}:{f.lineno} in {f.name}" for f in where],
+            )
+            return CheckOutcome(name, RunState.ERROR, (result,), slot.seconds)
+        results = slot.results or []
+        bad = [r for r in results if not isinstance(r, Result) or r.check != name]
+        if bad or not results:
+            problem = "returned no results" if not results else f"returned {bad[0]!r}"
+            result = _unknown(name, "check.error", f"{name}: evaluate {problem}", phase="evaluate")
+            return CheckOutcome(name, RunState.ERROR, (result,), slot.seconds)
+        return CheckOutcome(name, RunState.DONE, tuple(results), slot.seconds)

@@ -1,0 +1,1 @@
+"""Pieces every part of Medic shares: the subprocess gateway, configuration, node identity."""

@@ -1,0 +1,1 @@
+"""The remediation ladder: GPU reset, driver reload, reboot, RMA ticket."""

@@ -1,0 +1,1 @@
+"""Slurm entry points: Prolog, Epilog and HealthCheckProgram."""

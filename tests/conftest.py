@@ -1,0 +1,45 @@
+"""Shared fixtures. The lab is a real Slurm cluster (munged, slurmctld, one slurmd per node)
+started once per test session and reset before each test that uses it."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.lab.cluster import Lab
+
+
+def poll(what: str, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait for `predicate` with a deadline (tests never sleep a fixed time)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def lab_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    if os.geteuid() != 0:
+        pytest.fail("the lab tests run munged, slurmctld and slurmd: run them as root")
+    lab = Lab(tmp_path_factory.mktemp("lab"))
+    lab.up()
+    try:
+        yield lab
+    finally:
+        lab.down()
+
+
+@pytest.fixture
+def lab(lab_session: Lab) -> Lab:
+    lab_session.reset()
+    return lab_session
+
+
+@pytest.fixture
+def probes() -> Path:
+    return Path(__file__).parent / "probes"
