@@ -142,10 +142,7 @@ def select_after(
     every = list(records)
     highest = max((r.seq for r in every), default=None)
     restarted = after_seq is not None and highest is not None and highest < after_seq
-    if after_seq is None or restarted:
-        fresh = every
-    else:
-        fresh = [r for r in every if r.seq > after_seq]
+    fresh = every if after_seq is None or restarted else [r for r in every if r.seq > after_seq]
     lost = gaps
     if after_seq is not None and not restarted and fresh:
         lost += max(0, fresh[0].seq - after_seq - 1)

@@ -15,7 +15,7 @@ import time
 import traceback
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from healthd.checks import registry
@@ -31,7 +31,7 @@ from healthd.checks.base import (
 )
 
 
-class RunState(str, Enum):
+class RunState(StrEnum):
     DONE = "done"
     ERROR = "error"  # gather or evaluate raised, or returned something that is not results
     TIMEOUT = "timeout"  # overran its timeout this run; its thread goes on
@@ -191,8 +191,7 @@ class Runner:
             if slot.done.wait(max(0.0, deadline - time.monotonic())):
                 outcomes[name] = self._collect(name, slot)
                 continue
-            since = self.ctx.clock.now()
-            self._hung[name] = _Hung(thread, since, deadline - timeout)
+            self._hung[name] = _Hung(thread, self.ctx.clock.now(), deadline - timeout)
             result = _unknown(
                 name,
                 "check.timeout",

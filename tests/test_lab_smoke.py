@@ -33,7 +33,7 @@ def test_three_node_gpu_batch_job_completes(lab: Lab, tmp_path: Path) -> None:
             "--gpus-per-node=8",
             f"--output={out}",
             "--wrap",
-            'srun bash -c "echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES"',
+            "srun bash -c 'echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES'",
         ],
     ).stdout.strip()
     poll("the job to complete", lambda: _job_state(lab, submitted) == "COMPLETED")
@@ -49,9 +49,11 @@ def test_drain_and_resume_are_seen_in_sinfo_json(lab: Lab) -> None:
     assert "DRAIN" in node["state_flags"]  # type: ignore[operator]
     assert node["reason"] == "medic: smoke test"
     lab.slurm(["scontrol", "update", "nodename=n2", "state=resume"])
+    # On resume slurmctld pings the node, flagging it NOT_RESPONDING until slurmd answers.
+    poll("n2 to be idle again", lambda: _node(lab, "n2")["state_flags"] == [])
     node = _node(lab, "n2")
-    assert node["state_flags"] == []
     assert node["state"] == "idle"
+    assert node["reason"] == ""
 
 
 def test_pynvml_on_a_lab_node_reads_gpus_and_receives_xid(

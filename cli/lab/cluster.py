@@ -46,6 +46,9 @@ LAB_TAG_ENV = "MEDIC_LAB_ROOT"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CMD_TIMEOUT = 15.0
 NVIDIA_MAJOR = 195
+ACTIVE_JOB_STATES = frozenset(
+    {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
+)
 
 
 class LabError(RuntimeError):
@@ -129,7 +132,7 @@ def _free_port_block(count: int) -> int:
     for _ in range(200):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
+            first: int = probe.getsockname()[1]
         if first + count >= 65000:
             continue
         if all(_port_free(first + i) for i in range(count)):
@@ -392,6 +395,11 @@ class Lab:
         nodes: list[dict[str, Any]] = json.loads(out)["nodes"]
         return nodes
 
+    def active_jobs(self) -> list[dict[str, Any]]:
+        """Jobs not yet finished (squeue --json also lists finished ones until MinJobAge)."""
+        jobs: list[dict[str, Any]] = json.loads(self.slurm(["squeue", "--json"]).stdout)["jobs"]
+        return [j for j in jobs if j["job_state"] in ACTIVE_JOB_STATES]
+
     def nodes(self) -> list[NodeStatus]:
         state = self.state()
         result = []
@@ -530,8 +538,7 @@ class Lab:
                 self.start_slurmd(name)
 
         def settled() -> bool:
-            jobs = json.loads(self.slurm(["squeue", "--json"]).stdout)["jobs"]
-            if jobs:
+            if self.active_jobs():
                 return False
             nodes = self.nodes()
             for n in nodes:

@@ -20,7 +20,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -31,7 +31,7 @@ from medic_core.config import ConfigError
 # --- vocabulary ----------------------------------------------------------------------------
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     OK = "OK"
     WARN = "WARN"
     CRITICAL = "CRITICAL"
@@ -57,13 +57,13 @@ def worst(statuses: Sequence[Status]) -> Status:
     return max(statuses, key=lambda s: s.severity, default=Status.NOT_APPLICABLE)
 
 
-class Tier(str, Enum):
+class Tier(StrEnum):
     LAUNCH = "launch"  # gates a job's start; must fit the prolog's time budget
     PERIODIC = "periodic"  # passive, safe while jobs run
     DEEP = "deep"  # offline sweeps on an idle node
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     """node-problem-detector's distinction: a CONDITION is the node's current state and
     replaces the previous verdict for (check, fault_class, target); an EVENT is something
     that happened since the last run (a kernel log line) and is not repeated next time."""
@@ -72,7 +72,7 @@ class Kind(str, Enum):
     EVENT = "event"
 
 
-class Remediation(str, Enum):
+class Remediation(StrEnum):
     NONE = "none"  # report only
     DRAIN = "drain"  # take the node out of service for a human
     RESTART_SERVICE = "restart_service"
@@ -217,6 +217,13 @@ class CheckContext:
     def for_root(cls, host_root: Path | str, **kwargs: Any) -> CheckContext:
         return cls(roots=HostRoots(Path(host_root)), **kwargs)
 
+    def require_nvml(self) -> Any:
+        """The NVML client, for checks that declared needs=("nvml",) (the runner does not
+        call them without one)."""
+        if self.nvml is None:
+            raise RuntimeError("this context has no NVML client")
+        return self.nvml
+
     def provides(self, capability: str) -> bool:
         if capability == "nvml":
             return self.nvml is not None
@@ -226,21 +233,33 @@ class CheckContext:
 # --- typed per-check configuration ---------------------------------------------------------
 
 
-def setting(
-    default: Any = dataclasses.MISSING,
+def bounds(
     *,
-    default_factory: Callable[[], Any] | None = None,
     minimum: float | None = None,
     maximum: float | None = None,
     choices: Sequence[str] | None = None,
     keys: Sequence[str] | None = None,
     doc: str = "",
+) -> dict[str, Any]:
+    """Field metadata the config parser enforces: numeric bounds, allowed strings, allowed
+    table keys, and one line of documentation."""
+    return {"minimum": minimum, "maximum": maximum, "choices": choices, "keys": keys, "doc": doc}
+
+
+def setting(
+    default: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    choices: Sequence[str] | None = None,
+    doc: str = "",
 ) -> Any:
-    """A configuration field with its bounds and one line of documentation."""
-    meta = {"minimum": minimum, "maximum": maximum, "choices": choices, "keys": keys, "doc": doc}
-    if default_factory is not None:
-        return field(default_factory=default_factory, metadata=meta)
-    return field(default=default, metadata=meta)
+    """A configuration field with an immutable default (for a dict default use
+    `field(default_factory=..., metadata=bounds(...))`)."""
+    return field(
+        default=default,
+        metadata=bounds(minimum=minimum, maximum=maximum, choices=choices, doc=doc),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -368,7 +387,7 @@ class Check(Generic[O, C]):
         raise NotImplementedError
 
     @staticmethod
-    def evaluate(observation: O, cfg: C) -> list[Result]:  # type: ignore[misc]
+    def evaluate(observation: O, cfg: C) -> list[Result]:
         raise NotImplementedError
 
 
@@ -424,7 +443,8 @@ def register(
             raise ValueError(f"check {name!r}: needs a tier, a timeout and an interval")
         existing = _REGISTRY.get(name)
         if existing is not None and existing.module != cls.__module__:
-            raise ValueError(f"check {name!r} registered twice: {existing.module}, {cls.__module__}")
+            where = f"{existing.module}, {cls.__module__}"
+            raise ValueError(f"check {name!r} registered twice: {where}")
         doc = description or (cls.__doc__ or "").strip().splitlines()[0:1]
         spec = CheckSpec(
             name=name,

@@ -108,7 +108,9 @@ def parse_mounts(text: str) -> dict[str, MountEntry]:
         parts = line.split()
         if len(parts) < 4:
             continue
-        entry = MountEntry(unescape(parts[0]), unescape(parts[1]), parts[2], tuple(parts[3].split(",")))
+        entry = MountEntry(
+            unescape(parts[0]), unescape(parts[1]), parts[2], tuple(parts[3].split(","))
+        )
         table[entry.mount_point] = entry
     return table
 
@@ -224,9 +226,7 @@ def _findings(probe: MountProbe, cfg: FilesystemsConfig) -> Iterator[Result]:
     point = probe.mount_point
     evidence: Mapping[str, object] = _evidence(probe)
     if probe.entry is None:
-        yield fault(
-            NAME, Status.CRITICAL, "fs.missing", f"{point} is not mounted", target=point
-        )
+        yield fault(NAME, Status.CRITICAL, "fs.missing", f"{point} is not mounted", target=point)
         return
     if probe.hung_since is not None or probe.hung_seconds is not None:
         why = (
@@ -278,8 +278,13 @@ def _findings(probe: MountProbe, cfg: FilesystemsConfig) -> Iterator[Result]:
     inodes = _percent(probe.usage.avail_inodes, probe.usage.total_inodes)
     for free, fault_class, what, warn_at, crit_at in (
         (space, "fs.full", "space", cfg.warn_free_percent, cfg.critical_free_percent),
-        (inodes, "fs.inodes", "inodes", cfg.warn_free_inodes_percent,
-         cfg.critical_free_inodes_percent),
+        (
+            inodes,
+            "fs.inodes",
+            "inodes",
+            cfg.warn_free_inodes_percent,
+            cfg.critical_free_inodes_percent,
+        ),
     ):
         if free is None or free >= warn_at:
             continue

@@ -14,6 +14,7 @@ from healthd.checks.base import (
     Result,
     Status,
     Tier,
+    bounds,
     fault,
     not_applicable,
     ok,
@@ -63,12 +64,19 @@ class IbConfig(CheckConfig):
         doc="link layers to watch; RoCE/Ethernet ports are skipped by default",
     )
     ignore_hcas: tuple[str, ...] = setting((), doc="HCA names to skip, e.g. a storage NIC")
-    counter_limits: dict[str, int] = setting(
+    counter_limits: dict[str, int] = field(
         default_factory=lambda: dict(DEFAULT_COUNTER_LIMITS),
-        minimum=0,
-        keys=tuple(COUNTER_FAULTS),
-        doc="largest growth of each error counter between two runs before WARN",
+        metadata=bounds(
+            minimum=0,
+            keys=tuple(COUNTER_FAULTS),
+            doc="largest growth of an error counter between two runs before WARN; "
+            "merged over the defaults",
+        ),
     )
+
+    def __post_init__(self) -> None:
+        merged = {**DEFAULT_COUNTER_LIMITS, **self.counter_limits}
+        object.__setattr__(self, "counter_limits", merged)
 
 
 @dataclass(frozen=True)

@@ -132,5 +132,5 @@ def _gcc_message(result: proc.CommandResult) -> str:
         return f"cannot run gcc ({result.start_error}); install gcc"
     if result.timed_out:
         return f"gcc timed out after {result.seconds:.0f}s"
-    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    errors = [line for line in result.stderr.splitlines() if ": error:" in line]
     return (errors[0] if errors else result.describe_failure()).strip()

@@ -1,0 +1,52 @@
+"""Medic's persistence: conditions and events in SQLite (a node) or PostgreSQL (a fleet).
+
+    from medic_core.store import open_store, ConditionUpdate, Status
+
+    with open_store("sqlite:////var/lib/medic/medic.db") as store:
+        change = store.set_condition("gpu01", ConditionUpdate("gpu.xid", Status.CRITICAL,
+                                     target="3", reason="gpu.xid.79"), now)
+
+See docs/store.md.
+"""
+
+from medic_core.store.engine import BadStoreURL, StoreError
+from medic_core.store.migrations import MIGRATIONS, Migration, MigrationResult, migrate
+from medic_core.store.models import (
+    Condition,
+    ConditionChange,
+    ConditionUpdate,
+    Event,
+    Severity,
+    Status,
+)
+from medic_core.store.store import (
+    DEFAULT_EVENT_RETENTION_DAYS,
+    Store,
+    StoreSettings,
+    default_url,
+    open_configured_store,
+    open_store,
+    store_settings,
+)
+
+__all__ = [
+    "DEFAULT_EVENT_RETENTION_DAYS",
+    "MIGRATIONS",
+    "BadStoreURL",
+    "Condition",
+    "ConditionChange",
+    "ConditionUpdate",
+    "Event",
+    "Migration",
+    "MigrationResult",
+    "Severity",
+    "Status",
+    "Store",
+    "StoreError",
+    "StoreSettings",
+    "default_url",
+    "migrate",
+    "open_configured_store",
+    "open_store",
+    "store_settings",
+]

@@ -1,0 +1,122 @@
+"""Store URLs and engines: which databases Medic accepts and how each connection is set up.
+
+SQLite (one node, the default) and PostgreSQL through psycopg 3 (a fleet). SQLite connections
+get WAL, a busy timeout, foreign keys and synchronous=NORMAL on every connect, and take
+transactions into their own hands (pysqlite's implicit BEGIN is turned off) so that writes
+can start with BEGIN IMMEDIATE: a writer takes the lock up front and waits for it under the
+busy timeout, instead of failing at its first write after reading under a shared lock.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.exc import ArgumentError
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+PG_CONNECT_TIMEOUT_S = 10
+
+# Execution option read by the SQLite "begin" listener: "IMMEDIATE" for write transactions.
+SQLITE_BEGIN_OPTION = "medic_sqlite_begin"
+
+URL_FIX = "use sqlite:////absolute/path/medic.db or postgresql+psycopg://user:password@host/db"
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or used; the message says why and what to do, on one line."""
+
+
+class BadStoreURL(ValueError):
+    def __init__(self, problem: str, fix: str = URL_FIX) -> None:
+        super().__init__(f"{problem}; {fix}")
+        self.problem = problem
+        self.fix = fix
+
+
+def parse_url(url: str | URL) -> URL:
+    """Check a store URL and normalise it: a bare `postgresql://` means psycopg 3, the only
+    PostgreSQL driver Medic depends on. Raises BadStoreURL."""
+    if isinstance(url, str):
+        if not url.strip():
+            raise BadStoreURL("empty URL")
+        try:
+            parsed = make_url(url.strip())
+        except ArgumentError:
+            raise BadStoreURL(f"not a database URL: {url!r}") from None
+    else:
+        parsed = url
+    backend, _, driver = parsed.drivername.partition("+")
+    if backend == "sqlite":
+        if driver not in ("", "pysqlite"):
+            raise BadStoreURL(f"unsupported SQLite driver {driver!r}", "use sqlite:////path")
+        database = parsed.database or ""
+        if database in ("", ":memory:") or database.startswith("file:"):
+            raise BadStoreURL(
+                "in-memory or URI-style SQLite is not supported (each connection would see "
+                "its own database)",
+                "give a file path: sqlite:////var/lib/medic/medic.db",
+            )
+        return parsed.set(drivername="sqlite+pysqlite")
+    if backend in ("postgresql", "postgres"):
+        if driver not in ("", "psycopg"):
+            raise BadStoreURL(
+                f"unsupported PostgreSQL driver {driver!r}", "use postgresql+psycopg://..."
+            )
+        if not parsed.database:
+            raise BadStoreURL("no database name in the URL", "end it with /DATABASE")
+        return parsed.set(drivername="postgresql+psycopg")
+    raise BadStoreURL(f"unsupported database {backend!r}")
+
+
+def describe(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+def _sqlite_connect(dbapi_connection: Any, connection_record: Any) -> None:
+    # Turn off pysqlite's own transaction handling; the "begin" listener emits BEGIN.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        # busy_timeout first: switching to WAL needs a lock another opener may hold.
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+    finally:
+        cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    mode = conn.get_execution_options().get(SQLITE_BEGIN_OPTION, "")
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if mode == "IMMEDIATE" else "BEGIN")
+
+
+def make_engine(url: URL) -> Engine:
+    """An engine for a URL that `parse_url` accepted."""
+    if url.get_backend_name() == "sqlite":
+        assert url.database
+        path = Path(url.database)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"store {describe(url)}: cannot create {path.parent}: {exc.strerror}; "
+                "create it or point [store] url elsewhere"
+            ) from exc
+        engine = create_engine(url)
+        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "begin", _sqlite_begin)
+        return engine
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S},
+    )
+
+
+def writer(engine: Engine) -> Engine:
+    """The same engine, starting its transactions with BEGIN IMMEDIATE on SQLite."""
+    return engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})

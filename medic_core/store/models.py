@@ -1,0 +1,262 @@
+"""The store's vocabulary: the typed values its API takes and returns, and the ORM mapping of
+the current schema.
+
+The dataclasses are what callers see; the `*Row` classes never leave a session. The mapping
+describes the schema as the newest migration leaves it (`migrations.py` builds it with its own
+frozen table definitions; a test checks that the two agree).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Dialect,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Deterministic constraint and index names, so later migrations can name what they alter.
+NAMING_CONVENTION: dict[str, str] = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# Sizes: generous for names, bounded so PostgreSQL and SQLite agree on what is accepted.
+NODE_LEN = 255
+NAME_LEN = 128  # condition type, event kind, fault class, source
+TARGET_LEN = 255
+STATUS_LEN = 16
+
+
+class Status(StrEnum):
+    """A condition's status."""
+
+    OK = "OK"
+    WARN = "WARN"
+    CRITICAL = "CRITICAL"
+    UNKNOWN = "UNKNOWN"
+    NOT_APPLICABLE = "NOT_APPLICABLE"
+
+
+class Severity(StrEnum):
+    """An event's severity."""
+
+    INFO = "INFO"
+    WARN = "WARN"
+    CRITICAL = "CRITICAL"
+
+
+def utc(value: datetime, what: str = "time") -> datetime:
+    """`value` as an aware UTC datetime; a naive datetime is refused (its zone is a guess)."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{what} {value.isoformat()} has no time zone; pass an aware datetime")
+    return value.astimezone(UTC)
+
+
+def check_evidence(evidence: Mapping[str, Any] | None, what: str = "evidence") -> dict[str, Any]:
+    """A JSON object both databases accept, as a plain dict; raises ValueError otherwise."""
+    if evidence is None:
+        return {}
+    if not isinstance(evidence, Mapping):
+        raise ValueError(f"{what} must be a mapping, got {type(evidence).__name__}")
+    try:
+        text = json.dumps(dict(evidence), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} is not JSON-serialisable: {exc}") from exc
+    if "\\u0000" in text:
+        raise ValueError(f"{what} contains a NUL character, which PostgreSQL cannot store")
+    decoded: dict[str, Any] = json.loads(text)
+    return decoded
+
+
+def check_text(value: str, what: str, max_len: int | None = None) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, got {type(value).__name__}")
+    if "\x00" in value:
+        raise ValueError(f"{what} contains a NUL character, which PostgreSQL cannot store")
+    if max_len is not None and len(value) > max_len:
+        raise ValueError(f"{what} is {len(value)} characters long; the limit is {max_len}")
+    return value
+
+
+@dataclass(frozen=True)
+class ConditionUpdate:
+    """One observation of a condition, as a check reports it."""
+
+    type: str  # check/fault family: "gpu.xid", "ib.port"
+    status: Status
+    target: str = ""  # GPU index, port, mount point; "" for node-wide conditions
+    reason: str = ""  # fault class: "gpu.xid.79"; "" when OK
+    message: str = ""
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Condition:
+    node: str
+    type: str
+    target: str
+    status: Status
+    reason: str
+    message: str
+    evidence: dict[str, Any]
+    since: datetime  # when status or reason last changed
+    updated_at: datetime  # when last observed
+
+
+@dataclass(frozen=True)
+class ConditionChange:
+    """A transition of a condition's status or reason. `previous_status` is None when the
+    condition was observed for the first time."""
+
+    node: str
+    type: str
+    target: str
+    previous_status: Status | None
+    previous_reason: str | None
+    previous_since: datetime | None
+    status: Status
+    reason: str
+    message: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    node: str
+    at: datetime
+    kind: str  # "gpu.xid", "kmsg", "check.crash"
+    fault_class: str  # "gpu.xid.79", or ""
+    target: str
+    severity: Severity
+    message: str
+    evidence: dict[str, Any]
+    source: str  # "nvml-event", "kmsg", "check:<name>"
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, on every backend.
+
+    PostgreSQL stores `timestamptz`. SQLite has no time type: SQLAlchemy stores naive ISO text,
+    which sorts correctly only if every value is in the same zone, so values are converted to
+    UTC and stripped of their zone on the way in, and given UTC back on the way out.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = utc(value)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def json_type() -> JSON:
+    """JSON on SQLite (text), JSONB on PostgreSQL."""
+    return JSON().with_variant(JSONB(), "postgresql")
+
+
+def id_type() -> BigInteger:
+    """BIGINT identity on PostgreSQL; INTEGER on SQLite, where only INTEGER PRIMARY KEY is the
+    auto-assigned rowid."""
+    return BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class ConditionRow(Base):
+    __tablename__ = "conditions"
+    __table_args__ = (
+        UniqueConstraint("node", "type", "target"),
+        # `medic nodes --status CRITICAL` across a fleet; (node, ...) is served by the unique.
+        Index(None, "status", "node"),
+    )
+
+    id: Mapped[int] = mapped_column(id_type(), primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(NODE_LEN))
+    type: Mapped[str] = mapped_column(String(NAME_LEN))
+    target: Mapped[str] = mapped_column(String(TARGET_LEN))
+    status: Mapped[str] = mapped_column(String(STATUS_LEN))
+    reason: Mapped[str] = mapped_column(String(NAME_LEN))
+    message: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict[str, Any]] = mapped_column(json_type())
+    since: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    def to_condition(self) -> Condition:
+        return Condition(
+            node=self.node,
+            type=self.type,
+            target=self.target,
+            status=Status(self.status),
+            reason=self.reason,
+            message=self.message,
+            evidence=dict(self.evidence),
+            since=self.since,
+            updated_at=self.updated_at,
+        )
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+    __table_args__ = (
+        Index(None, "node", "at"),
+        Index(None, "kind", "at"),
+        Index(None, "at"),  # time-window queries across nodes, and prune
+        {"sqlite_autoincrement": True},  # ids never reused, even after a prune
+    )
+
+    id: Mapped[int] = mapped_column(id_type(), primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(NODE_LEN))
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    kind: Mapped[str] = mapped_column(String(NAME_LEN))
+    fault_class: Mapped[str] = mapped_column(String(NAME_LEN))
+    target: Mapped[str] = mapped_column(String(TARGET_LEN))
+    severity: Mapped[str] = mapped_column(String(STATUS_LEN))
+    message: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict[str, Any]] = mapped_column(json_type())
+    source: Mapped[str] = mapped_column(String(NAME_LEN))
+
+    def to_event(self) -> Event:
+        return Event(
+            id=self.id,
+            node=self.node,
+            at=self.at,
+            kind=self.kind,
+            fault_class=self.fault_class,
+            target=self.target,
+            severity=Severity(self.severity),
+            message=self.message,
+            evidence=dict(self.evidence),
+            source=self.source,
+        )

@@ -1,0 +1,208 @@
+"""The runner: timeouts, exceptions and hung checks become UNKNOWN without blocking others."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from healthd.checks.base import (
+    Check,
+    CheckConfig,
+    CheckContext,
+    CheckSpec,
+    Result,
+    Status,
+    Tier,
+    ok,
+)
+from healthd.runner import Runner, RunState
+
+Behaviour = Callable[[], list[Result]]
+
+
+@dataclass(frozen=True)
+class Obs:
+    results: list[Result]
+
+
+class Scripted(Check[Obs, CheckConfig]):
+    """A check whose gather runs a behaviour given by the test."""
+
+    behaviour: Behaviour
+    calls: list[str]
+
+    def gather(self, ctx: CheckContext, cfg: CheckConfig) -> Obs:
+        type(self).calls.append("gather")
+        return Obs(type(self).behaviour())
+
+    @staticmethod
+    def evaluate(observation: Obs, cfg: CheckConfig) -> list[Result]:
+        return observation.results
+
+
+def make_spec(
+    name: str,
+    behaviour: Behaviour,
+    *,
+    timeout: float = 5.0,
+    tiers: tuple[Tier, ...] = (Tier.PERIODIC,),
+    needs: tuple[str, ...] = ("host",),
+) -> CheckSpec:
+    cls = type(name, (Scripted,), {"behaviour": staticmethod(behaviour), "calls": []})
+    return CheckSpec(name, frozenset(tiers), 60.0, timeout, needs, name, cls, __name__)
+
+
+def calls(runner: Runner, name: str) -> list[str]:
+    return runner.specs[name].check_class.calls  # type: ignore[attr-defined, no-any-return]
+
+
+@pytest.fixture
+def gate() -> Iterator[threading.Event]:
+    """Holds blocking checks until the test ends, then lets their threads finish."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> CheckContext:
+    return CheckContext.for_root(tmp_path)
+
+
+def healthy(name: str) -> Behaviour:
+    return lambda: [ok(name, "fine")]
+
+
+def blocking(name: str, gate: threading.Event) -> Behaviour:
+    def run() -> list[Result]:
+        gate.wait()
+        return [ok(name, "late")]
+
+    return run
+
+
+def test_results_and_durations_for_healthy_checks(ctx: CheckContext) -> None:
+    runner = Runner(ctx, specs=[make_spec("a", healthy("a")), make_spec("b", healthy("b"))])
+    report = runner.run()
+    assert [r.status for r in report.results] == [Status.OK, Status.OK]
+    assert set(report.durations) == {"a", "b"}
+    assert all(o.state is RunState.DONE for o in report.outcomes)
+
+
+def test_exception_becomes_unknown_with_reason(ctx: CheckContext) -> None:
+    def boom() -> list[Result]:
+        raise OSError(5, "Input/output error")
+
+    runner = Runner(ctx, specs=[make_spec("bad", boom), make_spec("good", healthy("good"))])
+    report = runner.run()
+    bad, good = report.outcomes
+    assert bad.state is RunState.ERROR and good.state is RunState.DONE
+    (result,) = bad.results
+    assert result.status is Status.UNKNOWN and result.fault_class == "check.error"
+    assert "Input/output error" in result.evidence["error"]
+    assert result.evidence["phase"] == "gather"
+
+
+def test_bad_return_values_are_unknown(ctx: CheckContext) -> None:
+    runner = Runner(
+        ctx,
+        specs=[
+            make_spec("empty", lambda: []),
+            make_spec("other", lambda: [ok("someone-else", "fine")]),
+        ],
+    )
+    for outcome in runner.run().outcomes:
+        assert outcome.state is RunState.ERROR
+        assert outcome.results[0].status is Status.UNKNOWN
+
+
+def test_hung_check_times_out_without_blocking_others(
+    ctx: CheckContext, gate: threading.Event
+) -> None:
+    runner = Runner(
+        ctx,
+        specs=[
+            make_spec("stuck", blocking("stuck", gate), timeout=0.3),
+            make_spec("fine", healthy("fine")),
+        ],
+    )
+    begin = time.monotonic()
+    report = runner.run()
+    assert time.monotonic() - begin < 3.0
+    stuck, fine = report.outcomes
+    assert fine.state is RunState.DONE and fine.results[0].status is Status.OK
+    assert stuck.state is RunState.TIMEOUT
+    (result,) = stuck.results
+    assert result.status is Status.UNKNOWN and result.fault_class == "check.timeout"
+    assert result.evidence["phase"] == "gather" and result.remediation == "none"
+
+    # While its thread still hangs the check is not started again.
+    again = runner.run()
+    assert again.outcomes[0].state is RunState.HUNG
+    assert "still hung since" in again.outcomes[0].results[0].message
+    assert calls(runner, "stuck") == ["gather"]
+    assert "stuck" in runner.hung()
+
+    gate.set()
+    deadline = time.monotonic() + 5
+    while runner.hung() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not runner.hung()
+    third = runner.run()
+    assert third.outcomes[0].state is RunState.DONE
+    assert calls(runner, "stuck") == ["gather", "gather"]
+
+
+def test_budget_caps_every_timeout(ctx: CheckContext, gate: threading.Event) -> None:
+    runner = Runner(ctx, specs=[make_spec("slow", blocking("slow", gate), timeout=60)])
+    begin = time.monotonic()
+    report = runner.run(budget=0.2)
+    assert time.monotonic() - begin < 3.0
+    assert report.outcomes[0].state is RunState.TIMEOUT
+    assert report.outcomes[0].results[0].evidence["timeout_seconds"] == 0.2
+
+
+def test_missing_capability_is_unavailable(ctx: CheckContext) -> None:
+    runner = Runner(ctx, specs=[make_spec("gpu", healthy("gpu"), needs=("nvml",))])
+    (outcome,) = runner.run().outcomes
+    assert outcome.state is RunState.UNAVAILABLE
+    assert outcome.results[0].status is Status.UNKNOWN
+    assert outcome.results[0].evidence["missing"] == ["nvml"]
+    assert calls(runner, "gpu") == []
+
+    with_nvml = Runner(
+        CheckContext(roots=ctx.roots, nvml=object()),
+        specs=[make_spec("gpu", healthy("gpu"), needs=("nvml",))],
+    )
+    assert with_nvml.run().outcomes[0].state is RunState.DONE
+
+
+def test_selection_by_tier_name_and_enabled(ctx: CheckContext) -> None:
+    specs = [
+        make_spec("launchy", healthy("launchy"), tiers=(Tier.LAUNCH, Tier.PERIODIC)),
+        make_spec("passive", healthy("passive")),
+        make_spec("off", healthy("off")),
+    ]
+    runner = Runner(ctx, configs={"off": CheckConfig(enabled=False)}, specs=specs)
+    assert runner.selected(tier=Tier.LAUNCH) == ["launchy"]
+    assert runner.selected() == ["launchy", "passive"]
+    assert [o.name for o in runner.run(["passive"]).outcomes] == ["passive"]
+    with pytest.raises(KeyError):
+        runner.run(["nope"])
+
+
+def test_runner_runs_the_registered_host_checks_by_default(tmp_path: Path) -> None:
+    from healthd.fixtures import write_host_tree
+
+    write_host_tree(tmp_path)
+    report = Runner(CheckContext.for_root(tmp_path)).run(tier=Tier.LAUNCH)
+    names = {o.name for o in report.outcomes}
+    assert {"ib", "filesystems", "memory", "cpus", "services"} <= names
+    assert "kernel_log" not in names
+    assert all(o.state is RunState.DONE for o in report.outcomes), report.outcomes
+    assert not [r for r in report.results if r.status in (Status.CRITICAL, Status.WARN)]
