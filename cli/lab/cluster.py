@@ -275,9 +275,8 @@ class Lab:
         tmp.replace(self.layout.state_file)
 
     def _write_files(self, state: LabState) -> None:
-        from healthd.fixtures import write_host_tree
-
         from cli.lab.nvml.build import build_library
+        from healthd.fixtures import write_host_tree
 
         layout = self.layout
         # A new lab starts from an empty controller state (no jobs, no drains of a past run).

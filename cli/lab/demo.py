@@ -17,18 +17,6 @@ from pathlib import Path
 from cli.lab.cluster import Lab
 from medic_core import proc
 
-GPU_TABLE = """
-import os, pynvml
-pynvml.nvmlInit()
-print(f"driver {pynvml.nvmlSystemGetDriverVersion()} on {os.environ['SLURMD_NODENAME']}")
-for i in range(pynvml.nvmlDeviceGetCount()):
-    h = pynvml.nvmlDeviceGetHandleByIndex(i)
-    dbe = pynvml.nvmlDeviceGetTotalEccErrors(h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                            pynvml.NVML_VOLATILE_ECC)
-    print(f"  gpu{i} {pynvml.nvmlDeviceGetName(h)} {pynvml.nvmlDeviceGetPciInfo(h).busId} "
-          f"{pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)}C dbe={dbe}")
-"""
-
 
 def show(lab: Lab, argv: list[str], title: str = "") -> str:
     if title:
@@ -85,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print((root / f"job-{job}.out").read_text().rstrip())
         show(
             lab,
-            ["srun", "-w", "n3", "-N1", sys.executable, "-c", GPU_TABLE],
+            ["srun", "-w", "n3", "-N1", sys.executable, "-m", "cli.lab.gpu_table"],
             "the unmodified pynvml on n3 reads the simulated GPUs",
         )
         show(
@@ -93,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             [medic, "lab", "inject", "--dir", str(root), "n3", "--gpu", "2", "xid=79", "ecc.dbe=1"],
             "inject a fault: GPU 2 of n3 falls off the bus (XID 79) with a double-bit ECC error",
         )
-        show(lab, ["srun", "-w", "n3", "-N1", sys.executable, "-c", GPU_TABLE])
+        show(lab, ["srun", "-w", "n3", "-N1", sys.executable, "-m", "cli.lab.gpu_table"])
         show(
             lab,
             ["scontrol", "update", "nodename=n3", "state=drain", "reason=medic: gpu.xid.79 gpu2"],
@@ -113,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         show(lab, [medic, "lab", "status", "--dir", str(root)])
         show(
             lab,
-            ["srun", "-w", "n3", "-N1", sys.executable, "-c", GPU_TABLE],
+            ["srun", "-w", "n3", "-N1", sys.executable, "-m", "cli.lab.gpu_table"],
             "after the reboot the volatile counters are clear",
         )
     finally:

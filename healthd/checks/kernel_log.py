@@ -201,6 +201,7 @@ class KernelLogCheck(Check[KernelLogObservation, KernelLogConfig]):
                         "first_seq": records[0].seq,
                         "last_seq": last.seq,
                         "samples": [r.message for r in records[:SAMPLES_PER_RULE]],
+                        "lost": batch.lost,
                     },
                     kind=Kind.EVENT,
                 )
