@@ -1,10 +1,520 @@
-"""`medic-healthd`: the node daemon (built out in the healthd issue)."""
+"""`medic-healthd`: the node daemon.
+
+One scheduler thread runs due checks (per-check interval with jitter) through the Runner;
+the NVML event listener hands XIDs in as they happen and wakes the scheduler so the XID check
+runs at once; a local socket answers the Slurm hooks and the CLI. Results go to the store:
+CONDITION results become conditions (their `since` moves only when status or reason
+changes), EVENT results become events. systemd: Type=notify with a watchdog, SIGHUP reloads
+the configuration, SIGTERM stops cleanly.
+"""
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
+import grp
+import json
+import logging
+import os
+import random
+import signal
+import socketserver
 import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from healthd import sdnotify
+from healthd.checks import load_check_configs
+from healthd.checks.base import (
+    CheckContext,
+    Kind,
+    Result,
+    Status,
+    Tier,
+    parse_check_config,
+    setting,
+    worst,
+)
+from healthd.gpu_plumbing import GPU_MODES, GpuPlumbing, start_gpu_plumbing
+from healthd.jobs import SpoolJobState
+from healthd.metrics import DaemonMetrics
+from healthd.runner import Runner, RunnerBusy, RunReport
+from healthd.xid_listener import EventKind, GpuEvent
+from medic_core.config import ConfigError, MedicConfig, load_config
+from medic_core.store import ConditionUpdate, Severity, Store, open_configured_store
+
+log = logging.getLogger("medic.healthd")
+
+SEVERITY_OF = {
+    Status.CRITICAL: Severity.CRITICAL,
+    Status.WARN: Severity.WARN,
+    Status.UNKNOWN: Severity.WARN,
+}
 
 
-def main() -> int:
-    print("medic-healthd: not implemented yet", file=sys.stderr)
+@dataclass(frozen=True, kw_only=True)
+class DaemonSettings:
+    """The `[healthd]` table (docs/operator-guide.md lists every key)."""
+
+    jitter: float = setting(
+        0.1, minimum=0, maximum=0.5, doc="each interval is stretched or shrunk by up to this share"
+    )
+    launch_budget: float = setting(
+        10.0, minimum=0.5, maximum=120, doc="seconds a launch verdict may take in all"
+    )
+    launch_max_age: float = setting(
+        60.0, minimum=0, maximum=3600, doc="launch-tier results younger than this are reused"
+    )
+    prune_every: float = setting(3600.0, minimum=60, maximum=86400, doc="seconds between prunes")
+    gpus: str = setting("auto", choices=GPU_MODES, doc="GPU node? auto, required or none")
+    nvml_call_timeout: float = setting(
+        3.0, minimum=0.1, maximum=60, doc="seconds before one NVML call counts as hung"
+    )
+    metrics_port: int = setting(9847, minimum=0, maximum=65535, doc="Prometheus port; 0: off")
+    metrics_address: str = setting("0.0.0.0", doc="address the metrics endpoint binds")
+    socket_group: str = setting(
+        "slurm", doc="group allowed on the socket (SlurmUser's); '' for root only"
+    )
+    slurmd_spool_dir: str = setting(
+        "/var/spool/slurmd", doc="slurmd's SlurmdSpoolDir (%n: node name), to see running jobs"
+    )
+
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        return iter(())
+
+    @classmethod
+    def from_config(cls, config: MedicConfig) -> DaemonSettings:
+        return parse_check_config(  # type: ignore[type-var]
+            cls, config.table("healthd"), prefix="healthd", source=config.source
+        )
+
+
+def result_json(result: Result) -> dict[str, Any]:
+    return {
+        "check": result.check,
+        "status": result.status.value,
+        "fault_class": result.fault_class,
+        "target": result.target,
+        "message": result.message,
+        "remediation": result.remediation.value if result.remediation else None,
+        "evidence": dict(result.evidence),
+    }
+
+
+def merge_by_target(results: Iterable[Result]) -> list[Result]:
+    """One result per (check, target): a condition is keyed by those two, so two findings on
+    one GPU (XID 79 and XID 48, say) become the worst of them, the rest in its evidence."""
+    groups: dict[tuple[str, str], list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.check, r.target or ""), []).append(r)
+    merged = []
+    for group in groups.values():
+        top = max(group, key=lambda r: r.status.severity)
+        others = [r for r in group if r is not top and r.status.severity >= Status.WARN.severity]
+        if others:
+            also = [{"fault_class": r.fault_class, "message": r.message} for r in others]
+            top = Result(
+                top.check,
+                top.status,
+                top.fault_class,
+                top.target,
+                top.message,
+                {**top.evidence, "also": also},
+                top.remediation,
+                top.kind,
+            )
+        merged.append(top)
+    return merged
+
+
+class HealthDaemon:
+    def __init__(
+        self,
+        config: MedicConfig,
+        store: Store,
+        ctx: CheckContext,
+        gpu: GpuPlumbing | None = None,
+    ) -> None:
+        self.store = store
+        self.ctx = ctx
+        self.gpu = gpu
+        self.node = config.node_name
+        self.metrics = DaemonMetrics(self.node)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        # check name -> (monotonic time of its last run, its condition results)
+        self._latest: dict[str, tuple[float, tuple[Result, ...]]] = {}
+        self._record_lock = threading.Lock()
+        self._due: dict[str, float] = {}
+        self.runner: Runner | None = None
+        self.apply_config(config)
+        if gpu is not None:
+            gpu.on_xid = self._wake_checks
+            gpu.on_event = self._on_gpu_event
+
+    # ---- configuration -----------------------------------------------------------------
+
+    def apply_config(self, config: MedicConfig) -> None:
+        """Validate everything first, then swap: a bad file on SIGHUP changes nothing."""
+        settings = DaemonSettings.from_config(config)
+        configs = load_check_configs(config)
+        if self.runner is None:
+            self.runner = Runner(self.ctx, configs)
+        else:
+            self.runner.reconfigure(configs)
+        self.config = config
+        self.settings = settings
+        now = time.monotonic()
+        # Everything is due at start and after a reload.
+        self._due = {name: now for name in self.runner.selected(tier=Tier.PERIODIC)}
+        self._wake.set()
+
+    def reload(self, path: Path | None = None) -> bool:
+        try:
+            self.apply_config(load_config(path or self.config.source))
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running configuration: %s", exc)
+            return False
+        log.info("configuration reloaded from %s", self.config.source)
+        return True
+
+    @property
+    def checks(self) -> Runner:
+        assert self.runner is not None
+        return self.runner
+
+    # ---- running checks ----------------------------------------------------------------
+
+    def _interval(self, name: str) -> float:
+        spec = self.checks.specs[name]
+        base = spec.interval_for(self.checks.configs[name])
+        jitter = self.settings.jitter
+        return float(base * (1 + random.uniform(-jitter, jitter)))
+
+    def run_due(self) -> RunReport | None:
+        now = time.monotonic()
+        due = [name for name, at in list(self._due.items()) if at <= now]
+        if not due:
+            return None
+        for name in due:  # before the run, so an event during it makes the check due again
+            self._due[name] = now + self._interval(name)
+        report = self.checks.run(due)
+        self.record(report)
+        return report
+
+    def run_checks(
+        self,
+        names: Iterable[str] | None = None,
+        *,
+        tier: Tier | None = None,
+        budget: float | None = None,
+        wait: float | None = None,
+    ) -> RunReport:
+        report = self.checks.run(
+            None if names is None else list(names), tier=tier, budget=budget, wait=wait
+        )
+        self.record(report)
+        return report
+
+    def seconds_to_next(self) -> float:
+        return max(0.0, min(self._due.values(), default=60.0) - time.monotonic())
+
+    def record(self, report: RunReport) -> None:
+        at = report.started
+        finished = time.monotonic()
+        with self._record_lock:
+            for outcome in report.outcomes:
+                conditions = merge_by_target(r for r in outcome.results if r.kind is Kind.CONDITION)
+                events = [r for r in outcome.results if r.kind is Kind.EVENT]
+                previous = self._latest.get(outcome.name, (0.0, ()))[1]
+                self._latest[outcome.name] = (finished, tuple(conditions))
+                updates = [self._update(r) for r in conditions]
+                seen = {(u.type, u.target) for u in updates}
+                # A target a check no longer reports (a GPU's XID aged out) is cleared rather
+                # than left CRITICAL for ever.
+                for old in previous:
+                    key = (old.check, old.target or "")
+                    if key not in seen:
+                        updates.append(
+                            ConditionUpdate(
+                                type=old.check,
+                                status=Status.OK,
+                                target=key[1],
+                                message="no longer reported",
+                            )
+                        )
+                        seen.add(key)
+                for change in self.store.set_conditions(self.node, updates, at):
+                    if change.previous_status is None and change.status == Status.OK:
+                        continue  # a first, healthy observation is not news
+                    log.info(
+                        "condition %s/%s: %s %s -> %s %s: %s",
+                        change.type,
+                        change.target or "-",
+                        change.previous_status,
+                        change.previous_reason or "",
+                        change.status,
+                        change.reason,
+                        change.message,
+                    )
+                for event in events:
+                    self.store.add_event(
+                        node=self.node,
+                        at=at,
+                        kind=event.check,
+                        severity=SEVERITY_OF.get(event.status, Severity.INFO),
+                        source=f"check:{event.check}",
+                        message=event.message,
+                        fault_class=event.fault_class or "",
+                        target=event.target or "",
+                        evidence=dict(event.evidence),
+                    )
+            self.metrics.observe_report(report)
+            self.metrics.observe_current(self.current())
+
+    @staticmethod
+    def _update(result: Result) -> ConditionUpdate:
+        return ConditionUpdate(
+            type=result.check,
+            status=result.status,
+            target=result.target or "",
+            reason=result.fault_class or "",
+            message=result.message,
+            evidence=dict(result.evidence),
+        )
+
+    def _wake_checks(self, names: Iterable[str]) -> None:
+        """The XID listener saw something: run the checks that read it at once."""
+        now = time.monotonic()
+        woken = [name for name in names if name in self._due]
+        for name in woken:
+            self._due[name] = now
+        if woken:
+            self._wake.set()
+
+    def _on_gpu_event(self, event: GpuEvent) -> None:
+        gpu = "" if event.gpu is None else str(event.gpu)
+        self.metrics.gpu_events.labels(event.kind.value, gpu).inc()
+        if event.kind is EventKind.GPU_LOST:
+            self.store.add_event(
+                node=self.node,
+                at=dt.datetime.now(dt.UTC),
+                kind="gpu_listener",
+                severity=Severity.CRITICAL,
+                source="nvml:events",
+                message=f"GPU {gpu or '?'}: NVML says the GPU is lost ({event.detail})",
+                fault_class="gpu.lost",
+                target=gpu,
+            )
+
+    def current(self) -> list[Result]:
+        return [r for _, results in self._latest.values() for r in results]
+
+    # ---- socket operations -------------------------------------------------------------
+
+    def launch_verdict(self, budget: float) -> dict[str, Any]:
+        """The prolog's question: may a job start here? Current launch-tier results younger
+        than launch_max_age are reused; the stale ones are run now, within `budget`."""
+        start = time.monotonic()
+        names = self.checks.selected(tier=Tier.LAUNCH)
+        max_age = self.settings.launch_max_age
+        stale = [n for n in names if start - self._latest.get(n, (-1e18, ()))[0] > max_age]
+        busy = ""
+        if stale:
+            try:
+                self.run_checks(stale, budget=budget, wait=budget / 2)
+            except RunnerBusy as exc:
+                busy = str(exc)
+        results: list[Result] = []
+        for name in names:
+            entry = self._latest.get(name)
+            if entry is None or (busy and name in stale):
+                results.append(
+                    Result(
+                        name,
+                        Status.UNKNOWN,
+                        "check.busy",
+                        None,
+                        f"{name}: no fresh result ({busy or 'never ran'})",
+                    )
+                )
+            else:
+                results.extend(entry[1])
+        return {
+            "node": self.node,
+            "tier": Tier.LAUNCH.value,
+            "status": worst([r.status for r in results]).value,
+            "ran": stale,
+            "seconds": round(time.monotonic() - start, 4),
+            "results": [result_json(r) for r in results],
+        }
+
+    def handle(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        if op == "ping":
+            return {"node": self.node, "pid": os.getpid()}
+        if op == "status":
+            results = self.current()
+            return {
+                "node": self.node,
+                "status": worst([r.status for r in results]).value,
+                "hung": {k: v.isoformat() for k, v in self.checks.hung().items()},
+                "results": [result_json(r) for r in results],
+            }
+        if op == "launch":
+            budget = float(request.get("budget", self.settings.launch_budget))
+            return self.launch_verdict(min(budget, self.settings.launch_budget))
+        if op == "check":
+            tier = Tier(request["tier"]) if request.get("tier") else None
+            names = request.get("checks")
+            limit = request.get("budget")
+            report = self.run_checks(
+                names, tier=tier, budget=None if limit is None else float(limit)
+            )
+            return {
+                "node": self.node,
+                "tier": tier.value if tier else None,
+                "status": worst([r.status for r in report.results]).value,
+                "seconds": round(report.seconds, 3),
+                "results": [result_json(r) for r in report.results],
+            }
+        return {"error": f"unknown op {op!r}: use ping, status, launch or check"}
+
+    def serve(self, socket_path: Path) -> socketserver.ThreadingUnixStreamServer:
+        daemon = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            timeout = 300
+
+            def handle(self) -> None:
+                begin = time.monotonic()
+                op = "invalid"
+                try:
+                    request = json.loads(self.rfile.readline(1 << 20))
+                    op = str(request.get("op")) if isinstance(request, dict) else "invalid"
+                    reply = daemon.handle(request)
+                except Exception as exc:  # one bad request must not stop the daemon
+                    log.exception("socket request failed")
+                    reply = {"error": f"{type(exc).__name__}: {exc}"}
+                self.wfile.write(json.dumps(reply).encode() + b"\n")
+                daemon.metrics.socket_requests.labels(op).inc()
+                daemon.metrics.socket_seconds.labels(op).observe(time.monotonic() - begin)
+
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+        socket_path.unlink(missing_ok=True)
+        old_umask = os.umask(0o177)  # no window in which the socket is open to everyone
+        try:
+            server = socketserver.ThreadingUnixStreamServer(str(socket_path), Handler)
+        finally:
+            os.umask(old_umask)
+        self._share_socket(socket_path)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="socket", daemon=True).start()
+        return server
+
+    def _share_socket(self, socket_path: Path) -> None:
+        """root plus SlurmUser's group (the prolog runs as SlurmdUser, the healthcheck as
+        root): mode 0660 with that group, else 0600."""
+        group = self.settings.socket_group
+        if not group:
+            return
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            log.warning(
+                "socket_group %r does not exist: socket %s is root-only", group, socket_path
+            )
+            return
+        os.chown(socket_path, -1, gid)
+        os.chmod(socket_path, 0o660)
+
+    # ---- main loop ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def loop(self) -> None:
+        watchdog = sdnotify.watchdog_period()
+        last_prune = 0.0
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.run_due()
+                if time.monotonic() - last_prune > self.settings.prune_every:
+                    self.store.prune(dt.datetime.now(dt.UTC), self._retention_days())
+                    last_prune = time.monotonic()
+            except Exception:  # the daemon outlives any single failure; the watchdog does not
+                log.exception("scheduler iteration failed")
+            sdnotify.notify("WATCHDOG=1")
+            wait = self.seconds_to_next()
+            if watchdog is not None:
+                wait = min(wait, watchdog)
+            self._wake.wait(timeout=wait)
+
+    def _retention_days(self) -> int:
+        from medic_core.store import store_settings
+
+        return store_settings(self.config).event_retention_days
+
+
+def build_daemon(config: MedicConfig) -> HealthDaemon:
+    settings = DaemonSettings.from_config(config)
+    store = open_configured_store(config)
+    node = config.node_name
+    spool = Path(settings.slurmd_spool_dir.replace("%n", node).replace("{node}", node))
+    jobs = SpoolJobState(spool, config.node_name)
+    gpu = start_gpu_plumbing(settings.gpus, jobs, call_timeout=settings.nvml_call_timeout)
+    ctx = CheckContext.for_root(config.paths.host_root)
+    if gpu is not None:
+        ctx = gpu.extend(ctx)
+    return HealthDaemon(config, store, ctx, gpu)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="medic-healthd", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--config", type=Path, help="config file (default: MEDIC_CONFIG or /etc/medic/medic.toml)"
+    )
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config)
+        daemon = build_daemon(config)
+    except (ConfigError, ValueError) as exc:
+        print(f"medic-healthd: {exc}", file=sys.stderr)
+        return 2
+    server = daemon.serve(config.paths.socket)
+    if daemon.settings.metrics_port:
+        daemon.metrics.serve(daemon.settings.metrics_address, daemon.settings.metrics_port)
+    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
+    signal.signal(signal.SIGINT, lambda *_: daemon.stop())
+    signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=daemon.reload).start())
+    log.info(
+        "medic-healthd for %s: %d checks, %s GPU plumbing, socket %s",
+        daemon.node,
+        len(daemon.checks.specs),
+        "with" if daemon.gpu else "without",
+        config.paths.socket,
+    )
+    sdnotify.notify("READY=1")
+    try:
+        daemon.loop()
+    finally:
+        sdnotify.notify("STOPPING=1")
+        server.shutdown()
+        server.server_close()
+        config.paths.socket.unlink(missing_ok=True)
+        if daemon.gpu is not None:
+            daemon.gpu.stop()
+        daemon.store.close()
+    log.info("medic-healthd stopped")
     return 0

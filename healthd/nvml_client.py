@@ -26,7 +26,7 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import ModuleType
@@ -238,6 +238,8 @@ class NvmlClient(Protocol):
 
     def gpu_info(self, index: int, *, refresh: bool = False) -> GpuInfo: ...
 
+    def cached_gpu_info(self, index: int) -> GpuInfo | None: ...
+
     def ecc_counts(self, index: int) -> EccCounts: ...
 
     def retired_pages(self, index: int) -> RetiredPages: ...
@@ -363,7 +365,8 @@ class _Streak:
 def _load_pynvml() -> ModuleType:
     import pynvml
 
-    return pynvml
+    module: ModuleType = pynvml
+    return module
 
 
 class PynvmlClient:
@@ -404,10 +407,8 @@ class PynvmlClient:
         with self._init_lock:
             if self._opened and self._nv is not None:
                 nv = self._nv
-                try:
+                with suppress(NvmlError):
                     self._run("nvmlShutdown", None, nv.nvmlShutdown, self.init_timeout)
-                except NvmlError:
-                    pass
             self._opened = False
 
     def __enter__(self) -> PynvmlClient:
@@ -525,7 +526,9 @@ class PynvmlClient:
     # -- NvmlClient
 
     def driver_version(self) -> str:
-        return _text(self._node("nvmlSystemGetDriverVersion", lambda nv: nv.nvmlSystemGetDriverVersion()))
+        return _text(
+            self._node("nvmlSystemGetDriverVersion", lambda nv: nv.nvmlSystemGetDriverVersion())
+        )
 
     def device_count(self) -> int:
         return int(self._node("nvmlDeviceGetCount", lambda nv: nv.nvmlDeviceGetCount()))

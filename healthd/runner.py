@@ -62,6 +62,10 @@ class RunReport:
         return {o.name: o.seconds for o in self.outcomes}
 
 
+class RunnerBusy(RuntimeError):
+    """A run with a `wait` bound could not start in time."""
+
+
 def _unknown(name: str, fault_class: str, message: str, **evidence: Any) -> Result:
     return fault(name, Status.UNKNOWN, fault_class, message, evidence=evidence)
 
@@ -107,6 +111,15 @@ class Runner:
         self._hung: dict[str, _Hung] = {}
         self._lock = threading.Lock()
 
+    def reconfigure(self, configs: Mapping[str, CheckConfig]) -> None:
+        """New per-check configuration; the check instances (their between-run state, such
+        as the kernel log position) and the hung-check bookkeeping stay."""
+        with self._lock:
+            self.configs = {
+                name: configs.get(name) or spec.default_config()
+                for name, spec in self.specs.items()
+            }
+
     def selected(self, names: Collection[str] | None = None, tier: Tier | None = None) -> list[str]:
         """Enabled checks, optionally only `names` and only those in `tier`."""
         if names is not None:
@@ -137,11 +150,20 @@ class Runner:
         *,
         tier: Tier | None = None,
         budget: float | None = None,
+        wait: float | None = None,
     ) -> RunReport:
         """Run the selected checks in parallel; return when all have answered or reached
-        their timeout (capped by `budget` seconds overall, for the launch tier)."""
-        with self._lock:
-            return self._run(self.selected(names, tier), budget)
+        their timeout (capped by `budget` seconds overall, for the launch tier).
+
+        `wait` bounds how long to queue behind a run already in progress (None: as long as
+        it takes); RunnerBusy when it runs out."""
+        selected = self.selected(names, tier)
+        if not self._lock.acquire(timeout=-1 if wait is None else max(0.0, wait)):
+            raise RunnerBusy(f"another check run is still in progress after {wait:g}s")
+        try:
+            return self._run(selected, budget)
+        finally:
+            self._lock.release()
 
     def _run(self, names: list[str], budget: float | None) -> RunReport:
         started_wall = self.ctx.clock.now()

@@ -10,7 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Column, Connection, ForeignKey, Integer, MetaData, String, Table, text
+from sqlalchemy import (
+    Column,
+    Connection,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy import inspect as sa_inspect
 
 from medic_core.config import ConfigError, parse_config
@@ -172,7 +182,7 @@ def test_a_batch_with_a_bad_update_stores_nothing(store: Store) -> None:
             "gpu01",
             [
                 ConditionUpdate("gpu.xid", Status.OK, "0"),
-                ConditionUpdate("gpu.xid", "BROKEN", "1"),  # type: ignore[arg-type]
+                ConditionUpdate("gpu.xid", "BROKEN", "1"),
             ],
             T0,
         )
@@ -406,7 +416,9 @@ def test_an_older_database_is_upgraded_by_open_store(store_url: str) -> None:
     open_store(store_url, migrations=V2).close()  # current: nothing applied
     assert versions(store_url) == before
 
-    with pytest.raises(StoreError, match="schema is version 2 but this Medic knows versions up to 1"):
+    with pytest.raises(
+        StoreError, match="schema is version 2 but this Medic knows versions up to 1"
+    ):
         open_store(store_url)
 
 
@@ -447,7 +459,7 @@ def test_the_migrated_schema_matches_the_models(store: Store) -> None:
         assert wanted <= indexes, table.name
         uniques = {tuple(u["column_names"]) for u in found.get_unique_constraints(table.name)}
         for constraint in table.constraints:
-            if constraint.__class__.__name__ == "UniqueConstraint":
+            if isinstance(constraint, UniqueConstraint):
                 assert tuple(c.name for c in constraint.columns) in uniques
     assert set(found.get_table_names()) == {*Base.metadata.tables, "schema_version"} | (
         {"sqlite_sequence"} & set(found.get_table_names())
@@ -535,8 +547,10 @@ def config(store_table: dict[str, Any] | None = None) -> Any:
 
 def test_settings_default_to_a_sqlite_file_in_the_state_dir() -> None:
     settings = store_settings(config())
-    assert settings.url == "sqlite:////srv/medic/gpu07/medic.db" == default_url(
-        Path("/srv/medic/gpu07")
+    assert (
+        settings.url
+        == "sqlite:////srv/medic/gpu07/medic.db"
+        == default_url(Path("/srv/medic/gpu07"))
     )
     assert settings.event_retention_days == 90
 

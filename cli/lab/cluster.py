@@ -381,6 +381,48 @@ class Lab:
         pid = proc.spawn(argv, log_path=node.dir / "slurmd.out", env=self._daemon_env())
         return pid
 
+    # ---- healthd -----------------------------------------------------------------------
+
+    def start_healthd(self, name: str, config: Path | None = None, timeout: float = 20.0) -> int:
+        """Start the node's `medic-healthd` (as systemd would on a real node) and wait until
+        its socket answers; `config` replaces the lab's medic.toml for this daemon."""
+        from healthd.api import HealthdUnavailable, ask
+
+        node = self.node(name)
+        self.stop_healthd(name)
+        env = self._daemon_env()
+        env["MEDIC_NODE_NAME"] = name
+        if config is not None:
+            env["MEDIC_CONFIG"] = str(config)
+        pid = proc.spawn([str(self.venv_bin / "medic-healthd")], log_path=node.healthd_log, env=env)
+        node.healthd_pid.write_text(f"{pid}\n")
+
+        def answers() -> bool:
+            if not pid_alive(pid):
+                raise LabError(f"medic-healthd on {name} exited: see {node.healthd_log}")
+            try:
+                return bool(ask(node.socket, {"op": "ping"}, timeout=1.0)["pid"] == pid)
+            except HealthdUnavailable:
+                return False
+
+        wait_for(f"medic-healthd on {name}", answers, timeout, interval=0.05)
+        return pid
+
+    def stop_healthd(self, name: str, timeout: float = 10.0) -> None:
+        node = self.layout.node(name)
+        pid = _read_pid(node.healthd_pid)
+        if pid and pid_alive(pid):
+            self._terminate([pid], timeout)
+        node.healthd_pid.unlink(missing_ok=True)
+
+    def healthd_pids(self) -> dict[str, int]:
+        running = {}
+        for name in self.node_names():
+            pid = _read_pid(self.layout.node(name).healthd_pid)
+            if pid and pid_alive(pid):
+                running[name] = pid
+        return running
+
     # ---- slurm -------------------------------------------------------------------------
 
     def slurm(
@@ -442,9 +484,10 @@ class Lab:
         except LabError:
             return pids
         for name in state.spec.node_names():
-            pid = _read_pid(self.layout.node(name).slurmd_pid)
-            if pid:
-                pids.append(pid)
+            for pid_file in (self.layout.node(name).slurmd_pid, self.layout.node(name).healthd_pid):
+                pid = _read_pid(pid_file)
+                if pid:
+                    pids.append(pid)
         pids += [state.slurmctld_pid, state.munged_pid]
         return [p for p in pids if p > 0]
 
@@ -522,6 +565,10 @@ class Lab:
 
         state = self.state()
         self.slurm(["scancel", "--full", "--quiet", "--user=root"], check=False)
+        for name in self.healthd_pids():
+            self.stop_healthd(name)
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.layout.store_db}{suffix}").unlink(missing_ok=True)
         for name in state.spec.node_names():
             node = self.layout.node(name)
             scenario_mod.write_scenario(

@@ -65,6 +65,10 @@ class LabLayout:
         return self.root / "lib"
 
     @property
+    def store_db(self) -> Path:
+        return self.root / "medic.db"
+
+    @property
     def nodes_dir(self) -> Path:
         return self.root / "nodes"
 
@@ -92,6 +96,14 @@ class NodeLayout:
     @property
     def slurmd_log(self) -> Path:
         return self.dir / "slurmd.log"
+
+    @property
+    def healthd_pid(self) -> Path:
+        return self.dir / "healthd.pid"
+
+    @property
+    def healthd_log(self) -> Path:
+        return self.dir / "healthd.log"
 
     @property
     def host_root(self) -> Path:

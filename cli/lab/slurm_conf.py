@@ -121,5 +121,15 @@ def render_medic_conf(layout: LabLayout) -> str:
             "[slurm]",
             f'conf = "{layout.slurm_conf}"',
             "",
+            "# One store for the whole lab, as a fleet shares one PostgreSQL.",
+            "[store]",
+            f'url = "sqlite:///{layout.store_db}"',
+            "",
+            "# Several daemons share this host: no fixed metrics port, and root-only sockets.",
+            "[healthd]",
+            "metrics_port = 0",
+            'socket_group = ""',
+            f'slurmd_spool_dir = "{node_dir}/spool"',
+            "",
         ]
     )

@@ -27,34 +27,10 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from healthd.hostfs import HostRoots, MountOps, OsMountOps
 from medic_core import proc
 from medic_core.config import ConfigError
+from medic_core.status import Status as Status
+from medic_core.status import worst as worst
 
 # --- vocabulary ----------------------------------------------------------------------------
-
-
-class Status(StrEnum):
-    OK = "OK"
-    WARN = "WARN"
-    CRITICAL = "CRITICAL"
-    UNKNOWN = "UNKNOWN"  # the check could not tell: it failed, timed out or hangs
-    NOT_APPLICABLE = "NOT_APPLICABLE"  # the hardware or feature is absent and not expected
-
-    @property
-    def severity(self) -> int:
-        """Order for "worst of": CRITICAL > UNKNOWN > WARN > OK > NOT_APPLICABLE."""
-        return _SEVERITY[self]
-
-
-_SEVERITY = {
-    Status.NOT_APPLICABLE: 0,
-    Status.OK: 1,
-    Status.WARN: 2,
-    Status.UNKNOWN: 3,
-    Status.CRITICAL: 4,
-}
-
-
-def worst(statuses: Sequence[Status]) -> Status:
-    return max(statuses, key=lambda s: s.severity, default=Status.NOT_APPLICABLE)
 
 
 class Tier(StrEnum):

@@ -9,6 +9,8 @@ busy timeout, instead of failing at its first write after reading under a shared
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +77,35 @@ def describe(url: URL) -> str:
     return url.render_as_string(hide_password=True)
 
 
+def _enable_wal(cursor: sqlite3.Cursor) -> None:
+    """Switch the database to WAL (a persistent setting: a no-op once done).
+
+    The switch needs an exclusive lock, and SQLite reports "database is locked" at once,
+    without its busy handler, when another connection holds the file: two processes opening a
+    new database together collide here. Retry until the busy timeout has passed."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            mode = str(cursor.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+            break
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)  # poll the lock; bounded by the deadline
+    if mode != "wal":
+        raise StoreError(
+            f"SQLite could not switch to WAL journal mode (it stays in {mode!r}); "
+            "put the database on a local filesystem"
+        )
+
+
 def _sqlite_connect(dbapi_connection: Any, connection_record: Any) -> None:
     # Turn off pysqlite's own transaction handling; the "begin" listener emits BEGIN.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
-        # busy_timeout first: switching to WAL needs a lock another opener may hold.
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        _enable_wal(cursor)
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA foreign_keys = ON")
     finally:

@@ -31,6 +31,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from medic_core.status import Status as Status
+
 # Deterministic constraint and index names, so later migrations can name what they alter.
 NAMING_CONVENTION: dict[str, str] = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -45,16 +47,6 @@ NODE_LEN = 255
 NAME_LEN = 128  # condition type, event kind, fault class, source
 TARGET_LEN = 255
 STATUS_LEN = 16
-
-
-class Status(StrEnum):
-    """A condition's status."""
-
-    OK = "OK"
-    WARN = "WARN"
-    CRITICAL = "CRITICAL"
-    UNKNOWN = "UNKNOWN"
-    NOT_APPLICABLE = "NOT_APPLICABLE"
 
 
 class Severity(StrEnum):
@@ -103,7 +95,7 @@ class ConditionUpdate:
     """One observation of a condition, as a check reports it."""
 
     type: str  # check/fault family: "gpu.xid", "ib.port"
-    status: Status
+    status: Status | str  # any str enum with the same values will do
     target: str = ""  # GPU index, port, mount point; "" for node-wide conditions
     reason: str = ""  # fault class: "gpu.xid.79"; "" when OK
     message: str = ""

@@ -1,0 +1,81 @@
+"""The daemon's GPU side: one NVML client, the recent-XID buffer and the XID listener thread,
+wired so an NVML event reaches the checks that read it at once.
+
+`start_gpu_plumbing` decides whether this node is a GPU node: `[healthd] gpus = "auto"`
+(default) starts the plumbing when NVML initialises and leaves it out when the library is
+absent (a CPU-only node); "required" starts it regardless, so a node whose driver fails to
+load reports `gpu.nvml.unavailable` instead of silently looking like a CPU node; "none"
+never touches NVML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from healthd.checks.base import CheckContext
+from healthd.checks.gpu_common import GpuContext, JobStateProvider
+from healthd.nvml_client import NvmlError, NvmlUnavailable, PynvmlClient
+from healthd.xid import XidBuffer
+from healthd.xid_listener import GpuEvent, XidListener, checks_for, record_into
+
+log = logging.getLogger("medic.healthd.gpu")
+
+GPU_MODES = ("auto", "required", "none")
+
+
+@dataclass
+class GpuPlumbing:
+    client: PynvmlClient
+    jobs: JobStateProvider | None = None
+    xids: XidBuffer = field(default_factory=XidBuffer)
+    # Set by the daemon: called with the names of the checks to run now.
+    on_xid: Callable[[Iterable[str]], None] | None = None
+    # Set by the daemon: called with every listener event (to record it).
+    on_event: Callable[[GpuEvent], None] | None = None
+    listener: XidListener | None = None
+
+    def start(self, ready_timeout: float = 10.0) -> bool:
+        self.listener = XidListener(self.client, record_into(self.xids, then=self._dispatch))
+        return self.listener.start(ready_timeout)
+
+    def _dispatch(self, event: GpuEvent) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+        if self.on_xid is not None:
+            self.on_xid(checks_for(event))
+
+    def extend(self, ctx: CheckContext) -> CheckContext:
+        return dataclasses.replace(ctx, nvml=GpuContext(self.client, self.xids, self.jobs))
+
+    def stop(self) -> None:
+        if self.listener is not None and not self.listener.stop():
+            log.warning("the XID listener is stuck in an NVML call; leaving it behind")
+        self.client.close()
+
+
+def start_gpu_plumbing(
+    mode: str,
+    jobs: JobStateProvider | None = None,
+    *,
+    call_timeout: float = 3.0,
+    client: PynvmlClient | None = None,
+) -> GpuPlumbing | None:
+    if mode == "none":
+        return None
+    client = client or PynvmlClient(call_timeout=call_timeout)
+    try:
+        client.open()
+    except NvmlUnavailable as exc:
+        if mode == "auto":
+            log.info("NVML unavailable (%s): no GPU checks on this node", exc)
+            return None
+        log.error("NVML unavailable but [healthd] gpus = 'required': %s", exc)
+    except NvmlError as exc:  # a timeout or driver error: a GPU node in trouble, keep trying
+        log.error("NVML did not initialise: %s", exc)
+    plumbing = GpuPlumbing(client, jobs)
+    if not plumbing.start():
+        log.warning("the XID listener has not registered every GPU yet; it keeps trying")
+    return plumbing
