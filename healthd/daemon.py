@@ -41,6 +41,7 @@ from healthd.checks.base import (
 )
 from healthd.gpu_plumbing import GPU_MODES, GpuPlumbing, start_gpu_plumbing
 from healthd.jobs import SpoolJobState
+from healthd.kmsg_watch import KmsgWatcher
 from healthd.metrics import DaemonMetrics
 from healthd.runner import Runner, RunnerBusy, RunReport
 from healthd.xid_listener import EventKind, GpuEvent
@@ -48,6 +49,8 @@ from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.store import ConditionUpdate, Severity, Store, open_configured_store
 
 log = logging.getLogger("medic.healthd")
+
+REFRESH_SECONDS = 300.0  # an unchanged condition's message, evidence and updated_at
 
 SEVERITY_OF = {
     Status.CRITICAL: Severity.CRITICAL,
@@ -149,11 +152,16 @@ class HealthDaemon:
         # check name -> (monotonic time of its last run, its condition results)
         self._latest: dict[str, tuple[float, tuple[Result, ...]]] = {}
         self._record_lock = threading.Lock()
+        # (type, target) -> (status, reason, message, monotonic time written): unchanged
+        # conditions are rewritten only every REFRESH_SECONDS (a store write per condition
+        # per run was most of the daemon's CPU).
+        self._written: dict[tuple[str, str], tuple[str, str, str, float]] = {}
         self._due: dict[str, float] = {}
         self.runner: Runner | None = None
+        self.kmsg: KmsgWatcher | None = None
         self.apply_config(config)
         if gpu is not None:
-            gpu.on_xid = self._wake_checks
+            gpu.on_xid = self.wake_checks
             gpu.on_event = self._on_gpu_event
 
     # ---- configuration -----------------------------------------------------------------
@@ -229,7 +237,8 @@ class HealthDaemon:
         with self._record_lock:
             for outcome in report.outcomes:
                 conditions = merge_by_target(r for r in outcome.results if r.kind is Kind.CONDITION)
-                events = [r for r in outcome.results if r.kind is Kind.EVENT]
+                # An event without a fault class ("0 new kernel log records") is not news.
+                events = [r for r in outcome.results if r.kind is Kind.EVENT and r.fault_class]
                 previous = self._latest.get(outcome.name, (0.0, ()))[1]
                 self._latest[outcome.name] = (finished, tuple(conditions))
                 updates = [self._update(r) for r in conditions]
@@ -248,7 +257,9 @@ class HealthDaemon:
                             )
                         )
                         seen.add(key)
-                for change in self.store.set_conditions(self.node, updates, at):
+                updates = [u for u in updates if self._worth_writing(u, finished)]
+                changes = self.store.set_conditions(self.node, updates, at) if updates else []
+                for change in changes:
                     if change.previous_status is None and change.status == Status.OK:
                         continue  # a first, healthy observation is not news
                     log.info(
@@ -276,6 +287,15 @@ class HealthDaemon:
             self.metrics.observe_report(report)
             self.metrics.observe_current(self.current())
 
+    def _worth_writing(self, update: ConditionUpdate, now: float) -> bool:
+        key = (update.type, update.target)
+        seen = (str(update.status), update.reason, update.message)
+        last = self._written.get(key)
+        if last is not None and last[:3] == seen and now - last[3] < REFRESH_SECONDS:
+            return False
+        self._written[key] = (*seen, now)
+        return True
+
     @staticmethod
     def _update(result: Result) -> ConditionUpdate:
         return ConditionUpdate(
@@ -287,8 +307,8 @@ class HealthDaemon:
             evidence=dict(result.evidence),
         )
 
-    def _wake_checks(self, names: Iterable[str]) -> None:
-        """The XID listener saw something: run the checks that read it at once."""
+    def wake_checks(self, names: Iterable[str]) -> None:
+        """The XID listener or the kernel log saw something: run these checks at once."""
         now = time.monotonic()
         woken = [name for name in names if name in self._due]
         for name in woken:
@@ -365,6 +385,8 @@ class HealthDaemon:
                 "hung": {k: v.isoformat() for k, v in self.checks.hung().items()},
                 "results": [result_json(r) for r in results],
             }
+        if op == "metrics":  # the Prometheus exposition, for nodes without the HTTP port
+            return {"node": self.node, "text": self.metrics.exposition()}
         if op == "launch":
             budget = float(request.get("budget", self.settings.launch_budget))
             return self.launch_verdict(min(budget, self.settings.launch_budget))
@@ -382,7 +404,7 @@ class HealthDaemon:
                 "seconds": round(report.seconds, 3),
                 "results": [result_json(r) for r in report.results],
             }
-        return {"error": f"unknown op {op!r}: use ping, status, launch or check"}
+        return {"error": f"unknown op {op!r}: use ping, status, launch, check or metrics"}
 
     def serve(self, socket_path: Path) -> socketserver.ThreadingUnixStreamServer:
         daemon = self
@@ -472,7 +494,9 @@ def build_daemon(config: MedicConfig) -> HealthDaemon:
     ctx = CheckContext.for_root(config.paths.host_root)
     if gpu is not None:
         ctx = gpu.extend(ctx)
-    return HealthDaemon(config, store, ctx, gpu)
+    daemon = HealthDaemon(config, store, ctx, gpu)
+    daemon.kmsg = KmsgWatcher(config.paths.host_root / "dev" / "kmsg", daemon.wake_checks)
+    return daemon
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -505,11 +529,15 @@ def main(argv: list[str] | None = None) -> int:
         "with" if daemon.gpu else "without",
         config.paths.socket,
     )
+    if daemon.kmsg is not None:
+        daemon.kmsg.start()
     sdnotify.notify("READY=1")
     try:
         daemon.loop()
     finally:
         sdnotify.notify("STOPPING=1")
+        if daemon.kmsg is not None:
+            daemon.kmsg.stop()
         server.shutdown()
         server.server_close()
         config.paths.socket.unlink(missing_ok=True)

@@ -6,7 +6,14 @@ daemons in one process and the exposition holds nothing but Medic's own series.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 
 from healthd.checks.base import Result, Status, worst
 from healthd.runner import RunReport
@@ -96,6 +103,9 @@ class DaemonMetrics:
         for r in results:
             if r.status in (Status.WARN, Status.CRITICAL, Status.UNKNOWN):
                 self.faults.labels(r.status.value, r.fault_class or "").inc()
+
+    def exposition(self) -> str:
+        return generate_latest(self.registry).decode()
 
     def serve(self, address: str, port: int) -> None:
         start_http_server(port, addr=address, registry=self.registry)

@@ -36,7 +36,9 @@ from healthd.nvml_client import (
 )
 from healthd.xid import XidBuffer
 
-DEFAULT_WAIT_MS = 100
+# NVML returns from a wait as soon as an event arrives; the timeout only bounds how long
+# stop() takes, so a long one costs nothing in latency and saves wake-ups.
+DEFAULT_WAIT_MS = 1000
 ERROR_BACKOFF_SECONDS = 0.2  # after a failed wait, so a broken NVML does not spin a CPU
 
 
@@ -104,8 +106,11 @@ class XidListener:
         self._thread.start()
         return self._ready.wait(ready_timeout)
 
-    def stop(self, timeout: float = 0.5) -> bool:
-        """Ask the thread to stop; True when it has (False: stuck in a hung NVML call)."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """Ask the thread to stop; True when it has (False: stuck in a hung NVML call).
+        By default waits one wait period and a half second more."""
+        if timeout is None:
+            timeout = self.wait_ms / 1000 + 0.5
         self._stop.set()
         thread = self._thread
         if thread is None:

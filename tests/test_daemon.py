@@ -118,6 +118,30 @@ def test_ecc_dbe_event_reruns_the_ecc_check_at_once(lab: Lab, store: Store) -> N
     assert critical(store, "n1")["gpu.ecc.dbe"] == "6"
 
 
+def test_a_driver_logged_xid_is_judged_at_once(lab: Lab, store: Store) -> None:
+    from cli.lab.scenario import read_scenario
+    from healthd.kmsg import format_record
+
+    node = lab.node("n2")
+    lab.start_healthd("n2")
+    poll("first check round", lambda: bool(store.conditions("n2", type="gpu_xid")))
+    bus = read_scenario(node.scenario).gpus[4].pci_bus_id  # "00000000:9A:00.0"
+    pci = bus.split(":", 1)[1].rsplit(".", 1)[0]  # the driver prints "PCI:0000:9a:00"
+    line = format_record(
+        7001,
+        f"NVRM: Xid (PCI:0000:{pci.lower()}): 48, pid=4242, name=python, "
+        "An uncorrectable double bit error (DBE) has been detected on GPU",
+        level=4,
+    )
+    written = time.monotonic()
+    with (node.host_root / "dev/kmsg").open("a") as kmsg:
+        kmsg.write(line)
+    poll("XID 48 from the kernel log", lambda: "gpu.xid.48" in critical(store, "n2"), timeout=5)
+    # gpu_xid runs every 30 s: only the kernel log follower explains a fast verdict.
+    assert time.monotonic() - written < 2.0
+    assert critical(store, "n2")["gpu.xid.48"] == "4"
+
+
 def test_nvml_hang_leaves_the_socket_answering(lab: Lab, store: Store, tmp_path: Path) -> None:
     config = node_config(
         lab,

@@ -40,15 +40,26 @@ def lab() -> None:
 @click.option(
     "--gpus", default=8, show_default=True, type=click.IntRange(0, 16), help="GPUs per node."
 )
-def up(root: Path, nodes: int, gpus: int) -> None:
+@click.option(
+    "--healthd/--no-healthd",
+    default=True,
+    show_default=True,
+    help="Also start medic-healthd on every node, as systemd would on a real cluster.",
+)
+def up(root: Path, nodes: int, gpus: int, healthd: bool) -> None:
     """Start munged, slurmctld and one slurmd per node; wait until all are IDLE."""
+    lab_ = Lab(root)
     try:
-        state = Lab(root).up(LabSpec(nodes=nodes, gpus_per_node=gpus))
+        state = lab_.up(LabSpec(nodes=nodes, gpus_per_node=gpus))
+        if healthd:
+            for name in state.spec.node_names():
+                lab_.start_healthd(name)
     except LabError as exc:
         _fail(exc)
-    lab_ = Lab(root)
+    daemons = f", medic-healthd on {nodes} nodes" if healthd else ""
     click.echo(
-        f"lab up at {lab_.root}: {nodes} nodes x {gpus} GPUs, all IDLE in {state.up_seconds:.1f}s"
+        f"lab up at {lab_.root}: {nodes} nodes x {gpus} GPUs, all IDLE in"
+        f" {state.up_seconds:.1f}s{daemons}"
     )
     click.echo(f"to use it:  source {lab_.layout.env_file}   (or paste:)")
     for line in lab_.export_lines():

@@ -1,0 +1,89 @@
+"""What `medic-healthd` costs a node: CPU (% of one core) and resident memory of the daemon
+process over a long run, with 8 simulated GPUs and every check at a 10 s interval (six times
+more often than the shipped defaults for most checks).
+
+The daemon runs on one lab node (real pynvml against the NVML injection library, the lab's
+SQLite store); the figures come from psutil on the daemon's PID only. The first interval
+(start-up: imports, NVML init, first full round) is excluded from the CPU figure and
+reported on its own.
+
+Prints one JSON object. Run: .venv/bin/python -m bench.healthd_footprint --seconds 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from cli.lab.cluster import Lab
+from cli.lab.slurm_conf import LabSpec
+from healthd.api import ask
+from healthd.checks import registry
+
+
+def footprint(seconds: float, interval: float, sample_every: float) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="medic-bench-") as tmp:
+        lab = Lab(Path(tmp))
+        lab.up(LabSpec(nodes=1, gpus_per_node=8))
+        try:
+            config = Path(tmp) / "footprint.toml"
+            tables = "".join(f"[checks.{s.name}]\ninterval = {interval}\n" for s in registry())
+            config.write_text(lab.layout.medic_conf.read_text() + "\n" + tables)
+            pid = lab.start_healthd("n1", config=config)
+            process = psutil.Process(pid)
+            time.sleep(interval)  # let start-up finish before measuring steady state
+            startup_cpu = sum(process.cpu_times()[:2])
+            rss: list[float] = []
+            begin_cpu, begin = startup_cpu, time.monotonic()
+            while time.monotonic() - begin < seconds:
+                time.sleep(sample_every)
+                rss.append(process.memory_info().rss / 2**20)
+            cpu = sum(process.cpu_times()[:2]) - begin_cpu
+            wall = time.monotonic() - begin
+            runs = _check_runs(lab, "n1")
+        finally:
+            lab.down()
+    return {
+        "benchmark": "healthd_footprint",
+        "gpus": 8,
+        "checks": len(registry()),
+        "interval_seconds": interval,
+        "measured_seconds": round(wall, 1),
+        "cpu_percent_of_one_core": round(100 * cpu / wall, 3),
+        "startup_cpu_seconds": round(startup_cpu, 2),
+        "rss_mb_median": round(statistics.median(rss), 1),
+        "rss_mb_max": round(max(rss), 1),
+        "rss_mb_last": round(rss[-1], 1),
+        "check_runs_per_minute": round(runs / (wall / 60), 1) if runs else None,
+    }
+
+
+def _check_runs(lab: Lab, node: str) -> int:
+    """Check runs the daemon counted (medic_check_runs_total, over its socket)."""
+    text = ask(lab.node(node).socket, {"op": "metrics"}, timeout=5)["text"]
+    return int(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("medic_check_runs_total{")
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=300)
+    parser.add_argument("--interval", type=float, default=10)
+    parser.add_argument("--sample-every", type=float, default=5)
+    args = parser.parse_args()
+    print(json.dumps(footprint(args.seconds, args.interval, args.sample_every)))
+
+
+if __name__ == "__main__":
+    main()
