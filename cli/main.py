@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
+from cli.ckpt import ckpt
 from cli.lab.commands import lab
+from cli.sbatch import sbatch
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -14,6 +16,8 @@ def medic() -> None:
 
 
 medic.add_command(lab)
+medic.add_command(ckpt)
+medic.add_command(sbatch)
 
 
 def main() -> None:

@@ -24,7 +24,9 @@ CONFIG_ENV = "MEDIC_CONFIG"
 NODE_NAME_ENVS = ("MEDIC_NODE_NAME", "SLURMD_NODENAME")
 
 # Tables owned by other parts of Medic; each part validates its own table.
-KNOWN_TABLES = frozenset({"node", "slurm", "lab", "checks", "healthd", "store", "remediation"})
+KNOWN_TABLES = frozenset(
+    {"node", "slurm", "lab", "checks", "healthd", "hooks", "store", "remediation"}
+)
 
 
 class ConfigError(ValueError):

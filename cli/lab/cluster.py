@@ -33,7 +33,8 @@ from cli.lab.slurm_conf import (
 )
 from medic_core import proc
 
-DEBIAN_PACKAGES = ("munge", "slurmctld", "slurmd", "slurm-client")
+# libslurm-dev and gcc build the --resilient SPANK plugin (and gcc the NVML library).
+DEBIAN_PACKAGES = ("munge", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "gcc")
 DAEMONS = {
     "munged": "/usr/sbin/munged",
     "slurmctld": "/usr/sbin/slurmctld",
@@ -277,6 +278,7 @@ class Lab:
     def _write_files(self, state: LabState) -> None:
         from cli.lab.nvml.build import build_library
         from healthd.fixtures import write_host_tree
+        from slurm_hooks.spank import build as spank_build
 
         layout = self.layout
         # A new lab starts from an empty controller state (no jobs, no drains of a past run).
@@ -296,6 +298,9 @@ class Lab:
         layout.medic_conf.write_text(render_medic_conf(layout))
         self._write_wrappers()
         build_library(layout.lib_dir)
+        plugin = spank_build.build_plugin(layout.lib_dir)
+        (layout.etc / "plugstack.conf").write_text(f"required {plugin}\n")
+        shutil.copyfile(spank_build.CLI_FILTER, layout.etc / "cli_filter.lua")
         for name in state.spec.node_names():
             node = layout.node(name)
             for d in (node.spool, node.state_dir):

@@ -83,6 +83,9 @@ def render_slurm_conf(spec: LabSpec, layout: LabLayout, ports: LabPorts, host: s
         "HealthCheckInterval=60",
         "HealthCheckNodeState=ANY",
         f"RebootProgram={bin_dir / 'medic-lab-reboot'}",
+        # --resilient[=N]: Medic's SPANK plugin, and cli_filter.lua next to this file.
+        f"PlugStackConfig={layout.etc / 'plugstack.conf'}",
+        "CliFilterPlugins=cli_filter/lua",
         (
             f"NodeName={spec.node_range()} NodeHostname={host} NodeAddr=127.0.0.1 "
             f"Port={port_range} CPUs={spec.cpus_per_node} RealMemory={spec.memory_mb} "

@@ -1,0 +1,78 @@
+"""`medic ckpt`: a job's checkpoints from the shell (see slurm_hooks/checkpoint.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from slurm_hooks.checkpoint import DIR_ENV, STALE_AFTER, CheckpointDir, CheckpointError
+
+_dir_option = click.option(
+    "--dir",
+    "root",
+    envvar=DIR_ENV,
+    type=click.Path(file_okay=False, path_type=Path),
+    help=f"Checkpoint directory (default: ${DIR_ENV}).",
+)
+
+
+def _open(root: Path | None) -> CheckpointDir:
+    try:
+        return CheckpointDir(root)
+    except CheckpointError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group()
+def ckpt() -> None:
+    """Atomic job checkpoints: resume from the last complete one, never a torn one."""
+
+
+@ckpt.command()
+@_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print the checkpoint as JSON.")
+@click.option("--verify", is_flag=True, help="Check every file's sha256, not only its size.")
+def latest(root: Path | None, as_json: bool, verify: bool) -> None:
+    """Print the newest complete checkpoint's path; exit 1 when there is none."""
+    checkpoints = _open(root)
+    found = checkpoints.latest(verify_hashes=verify)
+    if found is None:
+        click.echo(f"no complete checkpoint in {checkpoints.root}", err=True)
+        raise SystemExit(1)
+    click.echo(json.dumps(found.to_json()) if as_json else str(found.path))
+
+
+@ckpt.command()
+@_dir_option
+@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--step", required=True, type=click.IntRange(min=0), help="Step number.")
+@click.option("--move", is_flag=True, help="Move SRC's contents instead of copying them.")
+def commit(root: Path | None, src: Path, step: int, move: bool) -> None:
+    """Make directory SRC checkpoint --step, atomically; print its path."""
+    try:
+        made = _open(root).commit(src, step, move=move)
+    except CheckpointError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(str(made.path))
+
+
+@ckpt.command()
+@_dir_option
+@click.option("--keep", required=True, type=click.IntRange(min=1), help="Complete ones to keep.")
+@click.option(
+    "--stale-after",
+    type=click.FloatRange(min=0),
+    default=STALE_AFTER,
+    show_default=True,
+    help="Seconds after which an unfinished temporary directory is abandoned.",
+)
+def prune(root: Path | None, keep: int, stale_after: float) -> None:
+    """Remove old and torn checkpoints; the newest --keep complete ones stay."""
+    try:
+        removed = _open(root).prune(keep, stale_after=stale_after)
+    except CheckpointError as exc:
+        raise click.ClickException(str(exc)) from None
+    for path in removed:
+        click.echo(f"removed {path}")

@@ -1,0 +1,351 @@
+"""Checkpoints a job can resume from after Medic requeues it, never torn.
+
+Commit protocol (`CheckpointDir.writing`):
+
+1. the job writes its files into a fresh temporary directory next to the checkpoints,
+   `.tmp-step-NNNNNNNNN.<host>.<pid>.<random>`;
+2. on success every file and directory in it is fsynced, and the manifest
+   `medic-manifest.json` (step, time, job id, restart count, every file with size and sha256)
+   is written and fsynced last: it is the completion marker;
+3. the directory is renamed to `step-NNNNNNNNN` (atomic within one filesystem) and the parent
+   directory fsynced, so the rename itself survives a crash.
+
+A process killed anywhere in between leaves at most a temporary directory, which `latest()`
+never looks at and `prune()` removes; a `step-*` directory whose manifest is missing or does
+not match its files (a crash without fsync, a hand copy) is skipped too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DIR_ENV = "MEDIC_CHECKPOINT_DIR"
+RESTART_ENV = "SLURM_RESTART_COUNT"  # absent on a job's first run
+JOB_ENV = "SLURM_JOB_ID"
+MANIFEST = "medic-manifest.json"
+FORMAT = 1
+STEP_PREFIX = "step-"
+TMP_PREFIX = ".tmp-step-"
+TRASH_PREFIX = f"{TMP_PREFIX}deleted."
+STALE_AFTER = 3600.0  # seconds before an unfinished temporary directory counts as abandoned
+_STEP_DIR = re.compile(r"step-(\d{9,})")
+_TMP_DIR = re.compile(r"\.tmp-step-(\d{9,})\.(.+)\.(\d+)\.[0-9a-f]+")
+_HASH_CHUNK = 1 << 20
+
+
+class CheckpointError(RuntimeError):
+    """Bad input or an unusable checkpoint directory; the message names the path and the fix."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    step: int
+    time: float
+    job_id: str | None
+    restart_count: int
+    files: Mapping[str, FileEntry]
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "step": self.step,
+            "time": self.time,
+            "job_id": self.job_id,
+            "restart_count": self.restart_count,
+            "files": len(self.files),
+            "bytes": self.size,
+        }
+
+
+def step_name(step: int) -> str:
+    return f"{STEP_PREFIX}{step:09d}"
+
+
+def restart_count(env: Mapping[str, str] | None = None) -> int:
+    """How many times Slurm has restarted this job (0 on its first run)."""
+    value = (os.environ if env is None else env).get(RESTART_ENV, "")
+    return int(value) if value.isdigit() else 0
+
+
+def _check_step(step: int) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"checkpoint step {step!r}: expected an integer >= 0")
+    return step
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _host() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class CheckpointDir:
+    """The checkpoints of one job: `root/step-NNNNNNNNN/` plus a manifest in each."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        *,
+        hash_files: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._env: Mapping[str, str] = os.environ if env is None else env
+        if root is None:
+            root = self._env.get(DIR_ENV) or None
+        if root is None:
+            raise CheckpointError(
+                f"no checkpoint directory: pass one, or set {DIR_ENV} in the job's environment"
+            )
+        self.root = Path(root).absolute()
+        if self.root.exists() and not self.root.is_dir():
+            raise CheckpointError(
+                f"{self.root}: not a directory; point {DIR_ENV} (or --dir) at a directory"
+            )
+        # Hashing costs a second read of every file; sizes alone still catch truncation.
+        self.hash_files = hash_files
+
+    # ---- writing -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def writing(self, step: int) -> Iterator[Path]:
+        """Yield an empty directory to write step `step` into; commit it when the block ends
+        without an exception, discard it otherwise."""
+        _check_step(step)
+        final = self.root / step_name(step)
+        if final.exists():
+            raise CheckpointError(
+                f"{final}: step {step} is already checkpointed; write a later step or "
+                f"remove {final}"
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f"{TMP_PREFIX}{step:09d}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}"
+        tmp.mkdir()
+        try:
+            yield tmp
+            self._commit(tmp, final, step)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _commit(self, tmp: Path, final: Path, step: int) -> None:
+        if (tmp / MANIFEST).exists():
+            raise CheckpointError(f"{tmp / MANIFEST}: name reserved for Medic's manifest")
+        files: dict[str, dict[str, Any]] = {}
+        for dirpath, dirnames, filenames in os.walk(tmp):
+            here = Path(dirpath)
+            for name in sorted(filenames):
+                path = here / name
+                if path.is_symlink() or not path.is_file():
+                    raise CheckpointError(
+                        f"{path}: a checkpoint holds only regular files and directories; "
+                        "copy the target instead of linking it"
+                    )
+                _fsync_path(path)
+                entry: dict[str, Any] = {"size": path.stat().st_size}
+                if self.hash_files:
+                    entry["sha256"] = _sha256(path)
+                files[path.relative_to(tmp).as_posix()] = entry
+            for name in dirnames:
+                if (here / name).is_symlink():
+                    raise CheckpointError(
+                        f"{here / name}: a checkpoint holds only regular files and directories"
+                    )
+            _fsync_path(here)
+        job_id = self._env.get(JOB_ENV)
+        manifest = {
+            "format": FORMAT,
+            "step": step,
+            "time": time.time(),
+            "job_id": job_id,
+            "restart_count": restart_count(self._env),
+            "files": files,
+        }
+        with open(tmp / MANIFEST, "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_path(tmp)
+        try:
+            tmp.rename(final)
+        except OSError as exc:
+            raise CheckpointError(
+                f"{final}: cannot commit step {step} ({exc.strerror}); another writer may "
+                f"have committed it: write a later step"
+            ) from exc
+        _fsync_path(self.root)
+
+    def commit(self, src: Path, step: int, *, move: bool = False) -> Checkpoint:
+        """Make the directory `src` checkpoint `step`, atomically: copied (or, with `move`,
+        moved, which is a rename on the same filesystem) into a temporary directory first."""
+        if not src.is_dir():
+            raise CheckpointError(f"{src}: not a directory; pass the directory to checkpoint")
+        with self.writing(step) as tmp:
+            for entry in sorted(src.iterdir()):
+                if move:
+                    shutil.move(str(entry), str(tmp / entry.name))
+                elif entry.is_dir() and not entry.is_symlink():
+                    shutil.copytree(entry, tmp / entry.name)
+                else:
+                    shutil.copy2(entry, tmp / entry.name)
+        if move:
+            src.rmdir()
+        found = self.load(self.root / step_name(step))
+        assert found is not None
+        return found
+
+    # ---- reading -----------------------------------------------------------------------
+
+    def load(self, path: Path, *, verify_hashes: bool = False) -> Checkpoint | None:
+        """The checkpoint at `path`, or None when it is incomplete or does not match its
+        manifest. Sizes are always checked; hashes only with `verify_hashes`."""
+        match = _STEP_DIR.fullmatch(path.name)
+        if match is None or not path.is_dir():
+            return None
+        try:
+            raw = json.loads((path / MANIFEST).read_text())
+            step = int(raw["step"])
+            entries = {
+                name: FileEntry(int(e["size"]), e.get("sha256")) for name, e in raw["files"].items()
+            }
+            checkpoint = Checkpoint(
+                path=path,
+                step=step,
+                time=float(raw["time"]),
+                job_id=raw.get("job_id"),
+                restart_count=int(raw.get("restart_count", 0)),
+                files=entries,
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if step != int(match.group(1)):
+            return None
+        for name, entry in entries.items():
+            file = path / name
+            try:
+                if not file.is_file() or file.stat().st_size != entry.size:
+                    return None
+            except OSError:
+                return None
+            if verify_hashes and entry.sha256 and _sha256(file) != entry.sha256:
+                return None
+        return checkpoint
+
+    def checkpoints(self, *, verify_hashes: bool = False) -> list[Checkpoint]:
+        """Complete checkpoints, oldest first."""
+        found = []
+        for path in self._step_dirs():
+            checkpoint = self.load(path, verify_hashes=verify_hashes)
+            if checkpoint is not None:
+                found.append(checkpoint)
+        return found
+
+    def latest(self, *, verify_hashes: bool = False) -> Checkpoint | None:
+        """The newest complete checkpoint, or None (a first run, or nothing usable yet)."""
+        for path in reversed(self._step_dirs()):
+            checkpoint = self.load(path, verify_hashes=verify_hashes)
+            if checkpoint is not None:
+                return checkpoint
+        return None
+
+    def resume_step(self) -> int | None:
+        """The step of the newest complete checkpoint: a job resumes after it; None: start."""
+        latest = self.latest()
+        return latest.step if latest is not None else None
+
+    def _step_dirs(self) -> list[Path]:
+        """`step-*` directories sorted by step."""
+        if not self.root.is_dir():
+            return []
+        dirs = [p for p in self.root.iterdir() if _STEP_DIR.fullmatch(p.name)]
+        return sorted(dirs, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
+
+    # ---- pruning -----------------------------------------------------------------------
+
+    def prune(self, keep: int = 2, *, stale_after: float = STALE_AFTER) -> list[Path]:
+        """Remove all but the `keep` newest complete checkpoints, `step-*` directories that
+        are not complete, and temporary directories left by a writer that died (its PID is
+        gone on this host) or idle for `stale_after` seconds. Returns what was removed."""
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise CheckpointError(
+                f"prune keep={keep!r} in {self.root}: keep at least 1 (the latest complete "
+                "checkpoint is never removed)"
+            )
+        if not self.root.is_dir():
+            return []
+        complete = {c.path for c in self.checkpoints()}
+        ordered = [p for p in self._step_dirs() if p in complete]
+        doomed = [p for p in self._step_dirs() if p not in complete]
+        doomed += ordered[:-keep]
+        doomed += [p for p in self.root.iterdir() if self._abandoned(p, stale_after)]
+        for path in doomed:
+            # Rename first, so a reader never sees a half-deleted step-* directory.
+            trash = self.root / f"{TRASH_PREFIX}{path.name}.{secrets.token_hex(4)}"
+            with contextlib.suppress(FileNotFoundError):
+                path.rename(trash)
+                shutil.rmtree(trash, ignore_errors=True)
+        return sorted(doomed)
+
+    @staticmethod
+    def _abandoned(path: Path, stale_after: float) -> bool:
+        if not path.name.startswith(TMP_PREFIX):
+            return False
+        if path.name.startswith(TRASH_PREFIX):
+            return True
+        match = _TMP_DIR.fullmatch(path.name)
+        if match and match.group(2) == _host() and not _pid_alive(int(match.group(3))):
+            return True
+        try:
+            newest = max(
+                [path.stat().st_mtime]
+                + [p.stat().st_mtime for p in path.rglob("*") if not p.is_symlink()]
+            )
+        except OSError:
+            return False
+        return time.time() - newest > stale_after

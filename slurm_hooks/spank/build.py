@@ -1,0 +1,73 @@
+"""Build the `--resilient` SPANK plugin (medic_resilient.so) against libslurm-dev's spank.h.
+
+Sites without the plugin use `medic sbatch --resilient` instead; see docs/resilient-jobs.md.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from medic_core import proc
+from slurm_hooks.resilient import DEFAULT_RESTARTS
+
+SOURCE = Path(__file__).with_name("medic_resilient.c")
+CLI_FILTER = Path(__file__).with_name("cli_filter.lua")
+PLUGIN_NAME = "medic_resilient.so"
+INCLUDE_DIR = Path("/usr/include")
+SPANK_HEADER = INCLUDE_DIR / "slurm" / "spank.h"
+HEADER_HINT = "install Slurm's headers: apt-get install libslurm-dev"
+GCC_TIMEOUT = 60.0
+
+
+class BuildError(RuntimeError):
+    """The plugin could not be built; the message is one line saying why."""
+
+
+def _up_to_date(output: Path, inputs: list[Path]) -> bool:
+    if not output.exists():
+        return False
+    built = output.stat().st_mtime_ns
+    return all(built > p.stat().st_mtime_ns for p in inputs)
+
+
+def build_plugin(out_dir: Path, include_dir: Path = INCLUDE_DIR) -> Path:
+    """Compile medic_resilient.c into out_dir/medic_resilient.so unless it is newer than its
+    inputs. Written under a temporary name and renamed: slurmd or sbatch loading the plugin
+    while it is rebuilt never sees a half-written file."""
+    header = include_dir / "slurm" / "spank.h"
+    if not header.is_file():
+        raise BuildError(f"{header} not found: {HEADER_HINT}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    output = out_dir / PLUGIN_NAME
+    if _up_to_date(output, [SOURCE, header, Path(__file__)]):
+        return output
+    tmp = out_dir / f".{PLUGIN_NAME}.{os.getpid()}.tmp"
+    argv = [
+        "gcc",
+        "-O2",
+        "-Wall",
+        "-Werror",
+        "-fPIC",
+        "-shared",
+        f"-I{include_dir}",
+        f"-DMEDIC_RESILIENT_DEFAULT={DEFAULT_RESTARTS}",
+        "-o",
+        str(tmp),
+        str(SOURCE),
+    ]
+    result = proc.run(argv, timeout=GCC_TIMEOUT)
+    if not result.ok:
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"building {PLUGIN_NAME} failed: {_gcc_message(result)}")
+    tmp.replace(output)
+    return output
+
+
+def _gcc_message(result: proc.CommandResult) -> str:
+    if result.start_error:
+        return f"cannot run gcc ({result.start_error}); install gcc"
+    if result.timed_out:
+        return f"gcc timed out after {result.seconds:.0f}s"
+    errors = [line for line in result.stderr.splitlines() if ": error:" in line]
+    return (errors[0] if errors else result.describe_failure()).strip()
