@@ -12,14 +12,18 @@
 #include <nvml.h>
 
 #include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_GPUS 64
@@ -449,6 +453,51 @@ static void nap(long ns)
 {
     struct timespec ts = {0, ns};
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+    }
+}
+
+/* An inotify descriptor on the scenario file's directory (the file is replaced by rename),
+ * so an event wait sleeps in poll() like the real driver instead of re-reading the file
+ * every POLL_NS; -1 when inotify is unavailable (the wait then falls back to polling). */
+static int watch_scenario_dir(void)
+{
+    char dir[sizeof g_path];
+    char *slash;
+    int fd;
+
+    pthread_mutex_lock(&g_lock);
+    snprintf(dir, sizeof dir, "%s", g_path);
+    pthread_mutex_unlock(&g_lock);
+    slash = strrchr(dir, '/');
+    if (slash == dir)
+        dir[1] = '\0';
+    else if (slash)
+        *slash = '\0';
+    else
+        snprintf(dir, sizeof dir, ".");
+    fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    if (inotify_add_watch(fd, dir, IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_ATTRIB) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Sleeps until the scenario directory changes or ns pass. */
+static void wait_for_change(int fd, long ns)
+{
+    struct pollfd pfd = {fd, POLLIN, 0};
+    char buf[4096];
+
+    if (fd < 0) {
+        nap(ns < POLL_NS ? ns : POLL_NS);
+        return;
+    }
+    if (poll(&pfd, 1, (int)(ns / 1000000L) + 1) > 0) {
+        while (read(fd, buf, sizeof buf) > 0) {
+        }
     }
 }
 
@@ -1251,22 +1300,31 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
     double left;
     SYSTEM_CALL();
     REQUIRE(set && data);
+    int watch = watch_scenario_dir();
+    nvmlReturn_t rc;
     clock_gettime(CLOCK_MONOTONIC, &start);
     for (;;) {
         pthread_mutex_lock(&g_lock);
         if (g_refcount == 0) {
             pthread_mutex_unlock(&g_lock);
-            return NVML_ERROR_UNINITIALIZED;
+            rc = NVML_ERROR_UNINITIALIZED;
+            break;
         }
         refresh_locked(err, sizeof err);
         if (next_event_locked(set, data)) {
             pthread_mutex_unlock(&g_lock);
-            return NVML_SUCCESS;
+            rc = NVML_SUCCESS;
+            break;
         }
         pthread_mutex_unlock(&g_lock);
         left = timeoutms / 1000.0 - elapsed_s(&start);
-        if (left <= 0)
-            return NVML_ERROR_TIMEOUT;
-        nap(left * 1e9 < POLL_NS ? (long)(left * 1e9) : POLL_NS);
+        if (left <= 0) {
+            rc = NVML_ERROR_TIMEOUT;
+            break;
+        }
+        wait_for_change(watch, (long)(left * 1e9));
     }
+    if (watch >= 0)
+        close(watch);
+    return rc;
 }
