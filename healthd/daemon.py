@@ -22,7 +22,7 @@ import socketserver
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,8 @@ from medic_core.store import ConditionUpdate, Severity, Store, open_configured_s
 
 log = logging.getLogger("medic.healthd")
 
+SOCKET_OPS = ("ping", "status", "launch", "check", "job_summary", "event", "metrics")
+HOOK_EVENT_KINDS = ("gate", "job_summary", "job_action")
 REFRESH_SECONDS = 300.0  # an unchanged condition's message, evidence and updated_at
 
 SEVERITY_OF = {
@@ -159,6 +161,8 @@ class HealthDaemon:
         self._due: dict[str, float] = {}
         self.runner: Runner | None = None
         self.kmsg: KmsgWatcher | None = None
+        # Called (on its own thread) with the results that just turned CRITICAL.
+        self.on_fault: Callable[[list[Result]], None] | None = None
         self.apply_config(config)
         if gpu is not None:
             gpu.on_xid = self.wake_checks
@@ -234,6 +238,7 @@ class HealthDaemon:
     def record(self, report: RunReport) -> None:
         at = report.started
         finished = time.monotonic()
+        new_faults: list[Result] = []
         with self._record_lock:
             for outcome in report.outcomes:
                 conditions = merge_by_target(r for r in outcome.results if r.kind is Kind.CONDITION)
@@ -259,6 +264,12 @@ class HealthDaemon:
                         seen.add(key)
                 updates = [u for u in updates if self._worth_writing(u, finished)]
                 changes = self.store.set_conditions(self.node, updates, at) if updates else []
+                fresh = {
+                    (c.type, c.target)
+                    for c in changes
+                    if c.status == Status.CRITICAL and c.previous_status != Status.CRITICAL
+                }
+                new_faults += [r for r in conditions if (r.check, r.target or "") in fresh]
                 for change in changes:
                     if change.previous_status is None and change.status == Status.OK:
                         continue  # a first, healthy observation is not news
@@ -286,6 +297,17 @@ class HealthDaemon:
                     )
             self.metrics.observe_report(report)
             self.metrics.observe_current(self.current())
+        if new_faults and self.on_fault is not None:
+            # Slurm calls take time and may hang: never on the scheduler's thread.
+            threading.Thread(
+                target=self._respond, args=(self.on_fault, new_faults), daemon=True
+            ).start()
+
+    def _respond(self, respond: Callable[[list[Result]], None], faults: list[Result]) -> None:
+        try:
+            respond(faults)
+        except Exception:
+            log.exception("responding to %s failed", [r.fault_class for r in faults])
 
     def _worth_writing(self, update: ConditionUpdate, now: float) -> bool:
         key = (update.type, update.target)
@@ -373,6 +395,64 @@ class HealthDaemon:
             "results": [result_json(r) for r in results],
         }
 
+    def record_hook_event(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        kind = str(request.get("kind", ""))
+        if kind not in HOOK_EVENT_KINDS:
+            return {"error": f"event kind {kind!r} is not one of {', '.join(HOOK_EVENT_KINDS)}"}
+        event = self.store.add_event(
+            node=self.node,
+            at=dt.datetime.now(dt.UTC),
+            kind=kind,
+            severity=Severity(request.get("severity", "INFO")),
+            source=str(request.get("source", "hook")),
+            message=str(request.get("message", "")),
+            fault_class=str(request.get("fault_class", "")),
+            target=str(request.get("target", "")),
+            evidence=dict(request.get("evidence") or {}),
+        )
+        return {"node": self.node, "event_id": event.id}
+
+    def job_summary(self, job_id: str, checks: list[str], budget: float) -> dict[str, Any]:
+        """For the epilog: the post-job checks now, and what this node saw during the job
+        (events since the job's gate decision, or the last day when there was none)."""
+        now = dt.datetime.now(dt.UTC)
+        gates = [
+            e for e in self.store.events(self.node, kind="gate") if e.target == f"job:{job_id}"
+        ]
+        since = gates[0].at if gates else now - dt.timedelta(days=1)
+        names = [n for n in checks if n in self.checks.specs]
+        report = self.run_checks(names, budget=budget)
+        during = [
+            e
+            for e in self.store.events(self.node, since=since, limit=1000)
+            if e.severity != "INFO" and e.kind not in HOOK_EVENT_KINDS
+        ]
+        faults = sorted({e.fault_class for e in during if e.fault_class})
+        bad = [r for r in report.results if r.status.severity >= Status.WARN.severity]
+        faults += sorted({r.fault_class for r in bad if r.fault_class} - set(faults))
+        message = f"job {job_id} on {self.node}: " + (
+            f"faults {', '.join(faults)}" if faults else "no faults seen"
+        )
+        return {
+            "node": self.node,
+            "job_id": job_id,
+            "since": since.isoformat(),
+            "message": message,
+            "faults": faults,
+            "events": [
+                {
+                    "at": e.at.isoformat(),
+                    "kind": e.kind,
+                    "fault_class": e.fault_class,
+                    "target": e.target,
+                    "message": e.message,
+                }
+                for e in during[:50]
+            ],
+            "status": worst([r.status for r in report.results]).value,
+            "results": [result_json(r) for r in report.results],
+        }
+
     def handle(self, request: Mapping[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         if op == "ping":
@@ -385,6 +465,14 @@ class HealthDaemon:
                 "hung": {k: v.isoformat() for k, v in self.checks.hung().items()},
                 "results": [result_json(r) for r in results],
             }
+        if op == "event":  # the hooks' records (gate decisions, job summaries) go through us
+            return self.record_hook_event(request)
+        if op == "job_summary":
+            return self.job_summary(
+                str(request.get("job_id", "")),
+                [str(c) for c in request.get("checks", [])],
+                min(float(request.get("budget", 10.0)), self.settings.launch_budget),
+            )
         if op == "metrics":  # the Prometheus exposition, for nodes without the HTTP port
             return {"node": self.node, "text": self.metrics.exposition()}
         if op == "launch":
@@ -404,7 +492,7 @@ class HealthDaemon:
                 "seconds": round(report.seconds, 3),
                 "results": [result_json(r) for r in report.results],
             }
-        return {"error": f"unknown op {op!r}: use ping, status, launch, check or metrics"}
+        return {"error": f"unknown op {op!r}: use one of {', '.join(SOCKET_OPS)}"}
 
     def serve(self, socket_path: Path) -> socketserver.ThreadingUnixStreamServer:
         daemon = self
@@ -496,7 +584,50 @@ def build_daemon(config: MedicConfig) -> HealthDaemon:
         ctx = gpu.extend(ctx)
     daemon = HealthDaemon(config, store, ctx, gpu)
     daemon.kmsg = KmsgWatcher(config.paths.host_root / "dev" / "kmsg", daemon.wake_checks)
+    daemon.on_fault = fault_responder(daemon)
     return daemon
+
+
+def fault_responder(daemon: HealthDaemon) -> Callable[[list[Result]], None]:
+    """Slurm's side of a fresh CRITICAL fault: drain this node (Medic's reason) and requeue
+    its resilient jobs (slurm_hooks.actions.respond_to_fault); each outcome is an event."""
+    from slurm_hooks.actions import respond_to_fault, slurm_client
+    from slurm_hooks.settings import HookSettings
+    from slurm_hooks.verdict import Finding
+
+    def respond(faults: list[Result]) -> None:
+        settings = HookSettings.from_config(daemon.config)
+        findings = [Finding.from_json(result_json(r)) for r in faults]
+        client = slurm_client(daemon.config, settings)
+        drained, actions = respond_to_fault(client, daemon.node, findings, settings)
+        now = dt.datetime.now(dt.UTC)
+        first = findings[0]
+        daemon.store.add_event(
+            node=daemon.node,
+            at=now,
+            kind="job_action",
+            severity=Severity.CRITICAL,
+            source="healthd",
+            message=f"{first.fault_class}: drain {drained.value if drained else 'skipped'}",
+            fault_class=first.fault_class,
+            target=first.target,
+            evidence={"drain": drained.value if drained else None},
+        )
+        for action in actions:
+            log.warning("job %s: %s: %s", action.job_id, action.action, action.detail)
+            daemon.store.add_event(
+                node=daemon.node,
+                at=now,
+                kind="job_action",
+                severity=Severity.WARN,
+                source="healthd",
+                message=action.detail,
+                fault_class=first.fault_class,
+                target=f"job:{action.job_id}",
+                evidence={"action": action.action, "job_id": action.job_id},
+            )
+
+    return respond
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,102 @@
-"""`medic-healthcheck`: Slurm hook; exits 0 until its issue gives it a verdict."""
+"""`medic-healthcheck`: Slurm's HealthCheckProgram (every HealthCheckInterval, as root, with
+nothing but SLURMD_NODENAME in its environment).
+
+* A CRITICAL node is drained with Medic's reason (a backstop: the daemon drains at once when
+  a fault appears; this catches a daemon that could not reach slurmctld at the time).
+* A node Medic drained is resumed once it re-qualifies: a fresh run of the launch and
+  periodic tiers with nothing CRITICAL or UNKNOWN, and no remediation episode owning the
+  node (the ladder returns its nodes itself). A drain set by anyone else is never touched.
+* The daemon being down is reported (exit 1, which slurmd logs) and the launch tier runs
+  inline instead, so a CRITICAL node is still drained.
+"""
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
+
+from medic_core.config import ConfigError, MedicConfig, load_config
+from slurm_hooks.settings import HookSettings
+from slurm_hooks.slurm import SlurmClient
+
+
+@dataclass(frozen=True)
+class HealthCheckOutcome:
+    daemon_up: bool
+    action: str  # "none", "drained", "resumed", "kept", "not_ours", "owned_by_ladder"
+    message: str
+
+
+def remediation_owns(config: MedicConfig, node: str) -> bool:
+    """Whether an open remediation episode owns the node (the ladder resumes it itself)."""
+    from healthd.api import HealthdUnavailable, ask
+
+    try:
+        reply = ask(config.paths.socket, {"op": "status"}, timeout=2.0)
+    except HealthdUnavailable:
+        return False
+    return bool(reply.get("remediation_episode"))
+
+
+def health_check(
+    config: MedicConfig, settings: HookSettings, client: SlurmClient
+) -> HealthCheckOutcome:
+    from healthd.api import HealthdUnavailable, ask
+    from medic_core.status import Status
+    from slurm_hooks.actions import drain_reason_for
+    from slurm_hooks.drain_reason import drain_if_allowed, is_medic_reason, resume_if_medic
+    from slurm_hooks.verdict import Finding, Verdict, run_inline
+
+    node = config.node_name
+    daemon_up = True
+    try:
+        reply = ask(config.paths.socket, {"op": "status"}, timeout=5.0)
+        verdict = Verdict.from_reply(reply, "healthd", 0.0)
+    except HealthdUnavailable as exc:
+        daemon_up = False
+        verdict = run_inline(config, settings.launch_budget)
+        verdict = Verdict(verdict.status, verdict.findings, "inline", verdict.seconds, str(exc))
+    down = "" if daemon_up else f" (medic-healthd unreachable: {verdict.note})"
+    info = client.node(node)
+    medic_drained = info is not None and info.drained and is_medic_reason(info.reason)
+    critical = [f for f in verdict.findings if f.status is Status.CRITICAL]
+    if critical and not medic_drained:
+        outcome = drain_if_allowed(client, node, drain_reason_for(critical[0]))
+        return HealthCheckOutcome(daemon_up, "drained", f"{outcome.value}{down}")
+    if not medic_drained:
+        return HealthCheckOutcome(daemon_up, "none", f"{verdict.status.value}{down}")
+    if not settings.resume or not daemon_up:
+        return HealthCheckOutcome(daemon_up, "kept", f"medic drain kept{down}")
+    if remediation_owns(config, node):
+        return HealthCheckOutcome(daemon_up, "owned_by_ladder", "a remediation episode owns it")
+    # Re-qualify: a fresh run of both tiers, not the cached results.
+    fresh: list[Finding] = []
+    for tier in ("launch", "periodic"):
+        reply = ask(
+            config.paths.socket,
+            {"op": "check", "tier": tier, "budget": settings.launch_budget},
+            timeout=settings.launch_budget * 3,
+        )
+        fresh += Verdict.from_reply(reply, "healthd", 0.0).findings
+    blocking = [f for f in fresh if f.status in (Status.CRITICAL, Status.UNKNOWN)]
+    if blocking:
+        first = blocking[0]
+        return HealthCheckOutcome(
+            daemon_up, "kept", f"still {first.status.value}: {first.check} {first.message}"
+        )
+    resumed = resume_if_medic(client, node)
+    return HealthCheckOutcome(daemon_up, "resumed", f"re-qualified: {resumed.value}")
+
 
 def main() -> int:
-    return 0
+    try:
+        config = load_config()
+        settings = HookSettings.from_config(config)
+    except ConfigError as exc:
+        print(f"medic-healthcheck: {exc}", file=sys.stderr)
+        return 1
+    from slurm_hooks.actions import slurm_client
+
+    outcome = health_check(config, settings, slurm_client(config, settings))
+    print(f"medic-healthcheck: {config.node_name}: {outcome.message}")
+    return 0 if outcome.daemon_up else 1

@@ -132,6 +132,7 @@ def test_a_driver_logged_xid_is_judged_at_once(lab: Lab, store: Store) -> None:
         f"NVRM: Xid (PCI:0000:{pci.lower()}): 48, pid=4242, name=python, "
         "An uncorrectable double bit error (DBE) has been detected on GPU",
         level=4,
+        timestamp_us=int(time.monotonic() * 1e6),  # the kernel's clock: CLOCK_MONOTONIC
     )
     written = time.monotonic()
     with (node.host_root / "dev/kmsg").open("a") as kmsg:

@@ -589,7 +589,9 @@ class Lab:
                 self.start_slurmd(name)
 
         def settled() -> bool:
-            if self.active_jobs():
+            active = [str(j["job_id"]) for j in self.active_jobs()]
+            if active:  # e.g. requeued by a hook while the first scancel ran
+                self.slurm(["scancel", "--quiet", *active], check=False)
                 return False
             nodes = self.nodes()
             for n in nodes:
@@ -599,7 +601,12 @@ class Lab:
                     )
             return all(n.is_idle for n in nodes)
 
-        wait_for("lab nodes to return to IDLE", settled, timeout, interval=0.1)
+        try:
+            wait_for("lab nodes to return to IDLE", settled, timeout, interval=0.1)
+        except LabError as exc:
+            jobs = [(j["job_id"], j["job_state"]) for j in self.active_jobs()]
+            nodes = [(n.name, n.state, n.flags, n.reason) for n in self.nodes()]
+            raise LabError(f"{exc}: jobs {jobs}, nodes {nodes}") from None
 
     def export_lines(self) -> list[str]:
         """Shell lines that point a terminal at this lab (printed by `up`, kept in env.sh)."""

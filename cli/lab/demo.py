@@ -1,8 +1,10 @@
 """The README demo: each step prints the command it runs and what it printed.
 
-Brings up a lab, runs a 3-node GPU job, shows sinfo and the simulated GPUs as pynvml sees
-them on a node, injects an XID 79 and a DBE, drains and resumes a node, reboots one through
-Slurm's RebootProgram, and tears everything down.
+Brings up a lab with medic-healthd on every node, runs a resilient 2-node training job that
+checkpoints, injects XID 79 on one of its nodes mid-run, and shows Medic drain the node and
+requeue the job, the job resume from its last checkpoint on healthy nodes and finish with
+the same result as an uninterrupted run, the node repaired through Slurm's reboot, and the
+lab torn down.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cli.lab.cluster import Lab
+from cli.lab.train import uninterrupted
 from medic_core import proc
 
 
@@ -41,6 +45,21 @@ def wait_job(lab: Lab, job_id: str, timeout: float = 30) -> None:
     raise SystemExit(f"demo: job {job_id} did not complete in {timeout:.0f}s")
 
 
+def wait_for_text(path: Path, predicate: Callable[[str], bool], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if predicate(text):
+            return text
+        time.sleep(0.1)
+    raise SystemExit(f"demo: {path} did not show what was expected in {timeout:.0f}s")
+
+
+def job_field(lab: Lab, job_id: str, field: str) -> str:
+    out = lab.slurm(["scontrol", "show", "job", "-o", job_id]).stdout
+    return next((w.split("=", 1)[1] for w in out.split() if w.startswith(f"{field}=")), "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="medic-demo")
     parser.add_argument("--dir", type=Path, help="lab directory (default: a temporary one)")
@@ -49,61 +68,84 @@ def main(argv: list[str] | None = None) -> int:
     root = args.dir or Path(tempfile.mkdtemp(prefix="medic-demo-"))
     medic = str(Path(sys.executable).parent / "medic")
     lab = Lab(root)
+    steps, pace = 40, 0.25
     try:
         show(
             lab,
             [medic, "lab", "up", "--dir", str(root)],
-            "a real slurmctld and 5 slurmd, 8 simulated GPUs each",
+            "a real slurmctld, 5 slurmd with 8 simulated GPUs each, medic-healthd on every node",
         )
         show(lab, ["sinfo"])
-        job = show(
-            lab,
-            [
-                "sbatch",
-                "--parsable",
-                "-N3",
-                "--gpus-per-node=8",
-                f"--output={root}/job-%j.out",
-                "--wrap",
-                "srun bash -c 'echo $SLURMD_NODENAME got GPUs $CUDA_VISIBLE_DEVICES'",
-            ],
-            "a 3-node job asking for 8 GPUs per node",
-        ).strip()
-        wait_job(lab, job)
-        print((root / f"job-{job}.out").read_text().rstrip())
         show(
             lab,
-            ["srun", "-w", "n3", "-N1", sys.executable, "-m", "cli.lab.gpu_table"],
-            "the unmodified pynvml on n3 reads the simulated GPUs",
+            ["srun", "-w", "n2", "-N1", sys.executable, "-m", "cli.lab.gpu_table"],
+            "the unmodified pynvml on n2 reads the simulated GPUs",
         )
-        show(
-            lab,
-            [medic, "lab", "inject", "--dir", str(root), "n3", "--gpu", "2", "xid=79", "ecc.dbe=1"],
-            "inject a fault: GPU 2 of n3 falls off the bus (XID 79) with a double-bit ECC error",
+        work = root / "train"
+        work.mkdir(exist_ok=True)
+        script = work / "train.sh"
+        script.write_text(
+            "#!/bin/sh\n"
+            f"exec {sys.executable} -m cli.lab.train {work / 'ckpt'} {work / 'result'}"
+            f" {steps} {pace}\n"
         )
-        show(lab, ["srun", "-w", "n3", "-N1", sys.executable, "-m", "cli.lab.gpu_table"])
-        show(
-            lab,
-            ["scontrol", "update", "nodename=n3", "state=drain", "reason=medic: gpu.xid.79 gpu2"],
-            "drain it (from the next issue on, Medic does this by itself)",
+        job = (
+            show(
+                lab,
+                [
+                    "sbatch",
+                    "--parsable",
+                    "--resilient=2",
+                    "-N2",
+                    "--gpus-per-node=8",
+                    f"--output={work}/job-%j.out",
+                    str(script),
+                ],
+                f"a resilient 2-node training job: {steps} steps, a checkpoint after each",
+            )
+            .strip()
+            .split(";")[0]
         )
-        show(lab, ["sinfo", "-R"])
+        log = work / "train.log"
+        wait_for_text(log, lambda t: "start" in t, 30)
+        wait_for_text(work / "ckpt" / "step-000000005" / "state", lambda t: True, 30)
+        nodes = lab.slurm(["scontrol", "show", "hostnames", job_field(lab, job, "NodeList")])
+        victim = nodes.stdout.split()[1]
+        show(lab, ["squeue"], "it runs; checkpoints are coming in")
         show(
             lab,
-            ["scontrol", "reboot", "ASAP", "nextstate=RESUME", "reason=medic: reboot", "n3"],
-            "reboot it through Slurm: the lab's RebootProgram restarts its slurmd with -b",
+            [medic, "lab", "inject", "--dir", str(root), victim, "--gpu", "2", "xid=79"],
+            f"GPU 2 of {victim} falls off the bus (XID 79) in the middle of the run",
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "medic:" not in lab.slurm(["sinfo", "-R"]).stdout:
+            time.sleep(0.05)
+        show(lab, ["sinfo", "-R"], "medic-healthd drained the node at once, with its reason")
+        show(
+            lab,
+            ["squeue", "-o", "%.6i %.10T %.8r %.10R %.4z %k"],
+            "and requeued the job (restarts within its --resilient budget)",
+        )
+        wait_for_text(log, lambda t: t.count("start") >= 2, 60)
+        show(lab, ["squeue"], "the job is back on healthy nodes")
+        wait_job(lab, job, timeout=120)
+        print(f"\n# the job's own log: it resumed from its last checkpoint\n{log.read_text()}")
+        result = (work / "result").read_text()
+        same = result == uninterrupted(steps)
+        print(f"final state {result[:16]}... equals an uninterrupted run's: {same}")
+        show(
+            lab,
+            ["scontrol", "reboot", "ASAP", "nextstate=RESUME", "reason=medic: reboot", victim],
+            f"repair {victim} through Slurm: the lab's RebootProgram restarts its slurmd with -b",
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(
-            n.name == "n3" and n.is_idle for n in lab.nodes()
+            n.name == victim and n.is_idle for n in lab.nodes()
         ):
             time.sleep(0.1)
         show(lab, [medic, "lab", "status", "--dir", str(root)])
-        show(
-            lab,
-            ["srun", "-w", "n3", "-N1", sys.executable, "-m", "cli.lab.gpu_table"],
-            "after the reboot the volatile counters are clear",
-        )
+        if not same:
+            raise SystemExit("demo: the resumed run's result differs from an uninterrupted run")
     finally:
         if not args.keep:
             show(

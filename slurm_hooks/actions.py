@@ -1,0 +1,199 @@
+"""What the hooks and the daemon do to Slurm once a decision is made: drain with Medic's
+reason, release a job Medic's gate got held, requeue resilient jobs off a faulty node, and
+record each of these as an event. Every Slurm call goes through the Slurm client (argv,
+timeout); a failure is logged with Slurm's own message and never raised into a hook.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from healthd.api import HealthdUnavailable, ask
+from medic_core import proc
+from medic_core.config import MedicConfig
+from slurm_hooks.drain_reason import DrainOutcome, drain_if_allowed, format_reason
+from slurm_hooks.resilient import parse_resilient
+from slurm_hooks.settings import HookSettings
+from slurm_hooks.slurm import CliSlurm, JobInfo, SlurmClient, SlurmError
+from slurm_hooks.verdict import Finding, GateDecision, Verdict
+
+log = logging.getLogger("medic.hooks")
+
+
+def slurm_env(config: MedicConfig) -> dict[str, str]:
+    """Hooks get no PATH and HealthCheckProgram no SLURM_CONF: supply both."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    conf = config.table("slurm").get("conf") or os.environ.get("SLURM_CONF")
+    if conf:
+        env["SLURM_CONF"] = str(conf)
+    return env
+
+
+def slurm_client(config: MedicConfig, settings: HookSettings) -> SlurmClient:
+    return CliSlurm(env=slurm_env(config), timeout=settings.slurm_timeout)
+
+
+def drain_reason_for(finding: Finding) -> str:
+    return format_reason(finding.fault_class or finding.check, finding.target, finding.message)
+
+
+# --- recording -------------------------------------------------------------------------------
+
+
+def record_event(config: MedicConfig, event: Mapping[str, Any]) -> None:
+    """Through the daemon (cheap: no database import in a hook); straight into the store
+    when the daemon is down. Recording never fails a hook."""
+    try:
+        ask(config.paths.socket, {"op": "event", **event}, timeout=2.0)
+        return
+    except HealthdUnavailable:
+        pass
+    try:
+        import datetime as dt
+
+        from medic_core.store import open_configured_store
+
+        with open_configured_store(config) as store:
+            store.add_event(
+                node=config.node_name,
+                at=dt.datetime.now(dt.UTC),
+                kind=str(event["kind"]),
+                severity=str(event.get("severity", "INFO")),
+                source=str(event.get("source", "hook")),
+                message=str(event.get("message", "")),
+                fault_class=str(event.get("fault_class", "")),
+                target=str(event.get("target", "")),
+                evidence=dict(event.get("evidence") or {}),
+            )
+    except Exception as exc:  # the store is down too: stderr is all that is left
+        print(f"medic: could not record {event.get('kind')}: {exc}", file=sys.stderr)
+
+
+def record_gate(config: MedicConfig, job_id: str, verdict: Verdict, decision: GateDecision) -> None:
+    first = decision.first
+    record_event(
+        config,
+        {
+            "kind": "gate",
+            "severity": "INFO" if decision.allow else "CRITICAL",
+            "source": "prolog",
+            "target": f"job:{job_id}",
+            "fault_class": first.fault_class if first else "",
+            "message": (
+                f"job {job_id} allowed ({verdict.status.value})"
+                if decision.allow
+                else f"job {job_id} refused: {first.message if first else decision.why}"
+            ),
+            "evidence": {
+                "job_id": job_id,
+                "allow": decision.allow,
+                "status": verdict.status.value,
+                "verdict_source": verdict.source,
+                "seconds": round(verdict.seconds, 4),
+                "note": verdict.note,
+                "blocking": [f.__dict__ | {"status": f.status.value} for f in decision.blocking],
+            },
+        },
+    )
+
+
+# --- the prolog's refusal --------------------------------------------------------------------
+
+
+def refuse_launch(
+    config: MedicConfig, settings: HookSettings, job_id: str, decision: GateDecision
+) -> str:
+    """Drain this node with Medic's reason and start the releaser; returns one line."""
+    first = decision.first
+    assert first is not None
+    reason = drain_reason_for(first)
+    client = slurm_client(config, settings)
+    try:
+        outcome = drain_if_allowed(client, config.node_name, reason)
+    except SlurmError as exc:
+        outcome = None
+        print(f"medic-prolog: drain failed: {exc}", file=sys.stderr)
+    if settings.release_held and job_id:
+        start_releaser(config, job_id)
+    kept = f" (drain: {outcome.value})" if isinstance(outcome, DrainOutcome) else ""
+    return f"{config.node_name} refused job {job_id}: {reason}{kept}"
+
+
+def start_releaser(config: MedicConfig, job_id: str) -> None:
+    """A detached `python -m slurm_hooks.release`: it must outlive this prolog, which Slurm
+    waits for before it requeues (and holds) the job."""
+    log_dir = config.paths.state_dir
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **slurm_env(config)}
+    proc.spawn(
+        [sys.executable, "-m", "slurm_hooks.release", "--job", job_id],
+        log_path=log_dir / f"release-{job_id}.log",
+        env=env,
+    )
+
+
+# --- mid-job faults ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobAction:
+    job_id: str
+    action: str  # "requeued", "not_resilient", "budget_spent", "requeue_failed"
+    detail: str
+
+
+def restarts_allowed(job: JobInfo) -> int | None:
+    """N from the job's `medic:resilient=N` tag; None: not resilient."""
+    return parse_resilient(job.comment)
+
+
+def respond_to_fault(
+    client: SlurmClient,
+    node: str,
+    findings: Sequence[Finding],
+    settings: HookSettings,
+) -> tuple[DrainOutcome | None, list[JobAction]]:
+    """A fresh CRITICAL fault on `node`: drain it (Medic's reason, never over another's),
+    requeue the resilient jobs running there within their restart budget, and tell the
+    owners of the others why they were left alone (admin comment)."""
+    first = findings[0]
+    reason = drain_reason_for(first)
+    drained = drain_if_allowed(client, node, reason)
+    actions: list[JobAction] = []
+    if not settings.requeue_resilient:
+        return drained, actions
+    for job in client.jobs_on(node):
+        if job.state not in ("RUNNING", "CONFIGURING", "COMPLETING"):
+            continue
+        allowed = restarts_allowed(job)
+        used = job.restart_count
+        if allowed is None or not job.requeue:
+            note = f"medic: {node} {reason.removeprefix('medic: ')}; not resilient, not requeued"
+            _comment(client, job.job_id, note)
+            actions.append(JobAction(job.job_id, "not_resilient", note))
+            continue
+        if used >= allowed:
+            note = f"medic: restart budget spent ({used}/{allowed}); {node} fault left to the job"
+            _comment(client, job.job_id, note)
+            actions.append(JobAction(job.job_id, "budget_spent", note))
+            continue
+        try:
+            client.requeue(job.job_id)
+        except SlurmError as exc:
+            actions.append(JobAction(job.job_id, "requeue_failed", str(exc)))
+            continue
+        detail = f"requeued off {node} ({first.fault_class}); restart {used + 1}/{allowed}"
+        actions.append(JobAction(job.job_id, "requeued", detail))
+    return drained, actions
+
+
+def _comment(client: SlurmClient, job_id: str, text: str) -> None:
+    try:
+        client.set_admin_comment(job_id, text)
+    except SlurmError as exc:
+        log.warning("job %s: could not set the admin comment: %s", job_id, exc)
