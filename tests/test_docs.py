@@ -9,6 +9,7 @@ import pytest
 
 from healthd.checks import load_check_configs
 from healthd.daemon import DaemonSettings
+from slurm_hooks.settings import HookSettings
 from medic_core.config import load_config
 from medic_core.store import store_settings
 
@@ -30,3 +31,4 @@ def test_every_toml_example_validates(page: str, tmp_path: Path) -> None:
         DaemonSettings.from_config(config)
         load_check_configs(config)
         store_settings(config)
+        HookSettings.from_config(config)

@@ -71,3 +71,24 @@ def _gcc_message(result: proc.CommandResult) -> str:
         return f"gcc timed out after {result.seconds:.0f}s"
     errors = [line for line in result.stderr.splitlines() if ": error:" in line]
     return (errors[0] if errors else result.describe_failure()).strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m slurm_hooks.spank.build OUT_DIR`: build medic_resilient.so for this
+    node's Slurm (libslurm-dev's spank.h) and print its path."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m slurm_hooks.spank.build")
+    parser.add_argument("out_dir", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        print(build_plugin(args.out_dir))
+    except BuildError as exc:
+        print(f"medic: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
