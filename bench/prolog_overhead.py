@@ -1,7 +1,7 @@
-"""What Medic's Prolog and Epilog add to a job's start: `srun -N1 true` timed end to end,
---calls times with Medic's hooks (medic-healthd answering the prolog from fresh results)
-and --calls times with the Prolog and Epilog lines removed from slurm.conf (`scontrol
-reconfigure` between the two), on the same one-node lab.
+"""What Medic's Prolog and Epilog add to a job: `srun -N1 true` timed end to end, --calls
+times each with Prolog and Epilog, with the Prolog only, and with neither (slurm.conf
+rewritten and `scontrol reconfigure` between them), on the same one-node lab with
+medic-healthd answering the prolog from fresh results.
 
 Prints one JSON object. Run: .venv/bin/python -m bench.prolog_overhead --calls 200
 """
@@ -42,29 +42,42 @@ def summary(times: list[float]) -> dict[str, float]:
     }
 
 
+def reconfigure(lab: Lab, keep: tuple[str, ...]) -> None:
+    """slurm.conf with only the hook lines in `keep` (of Prolog=, Epilog=)."""
+    conf = lab.layout.slurm_conf
+    lines = conf.read_text().splitlines()
+    hooks = ("Prolog=", "Epilog=")
+    kept = [ln for ln in lines if not ln.startswith(hooks) or ln.startswith(keep)]
+    conf.write_text("\n".join(kept) + "\n")
+    lab.slurm(["scontrol", "reconfigure"])
+
+
 def overhead(calls: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="medic-bench-") as tmp:
         lab = Lab(Path(tmp))
         lab.up(LabSpec(nodes=1))
         try:
             lab.start_healthd("n1")
-            with_medic = time_srun(lab, calls)
-            conf = lab.layout.slurm_conf
-            lines = conf.read_text().splitlines()
-            bare = [ln for ln in lines if not ln.startswith(("Prolog=", "Epilog="))]
-            conf.write_text("\n".join(bare) + "\n")
-            lab.slurm(["scontrol", "reconfigure"])
+            original = lab.layout.slurm_conf.read_text()
+            both = time_srun(lab, calls)
+            reconfigure(lab, ("Prolog=",))
+            prolog_only = time_srun(lab, calls)
+            reconfigure(lab, ())
             without = time_srun(lab, calls)
+            lab.layout.slurm_conf.write_text(original)
         finally:
             lab.down()
-    medic, bare_ = summary(with_medic), summary(without)
+    with_both, with_prolog, bare = summary(both), summary(prolog_only), summary(without)
     return {
         "benchmark": "prolog_overhead",
         "calls": calls,
-        "with_medic": medic,
-        "without_prolog": bare_,
-        "added_p50_ms": round(medic["p50_ms"] - bare_["p50_ms"], 1),
-        "added_p99_ms": round(medic["p99_ms"] - bare_["p99_ms"], 1),
+        "prolog_and_epilog": with_both,
+        "prolog_only": with_prolog,
+        "no_hooks": bare,
+        "prolog_added_p50_ms": round(with_prolog["p50_ms"] - bare["p50_ms"], 1),
+        "prolog_added_p99_ms": round(with_prolog["p99_ms"] - bare["p99_ms"], 1),
+        "both_added_p50_ms": round(with_both["p50_ms"] - bare["p50_ms"], 1),
+        "both_added_p99_ms": round(with_both["p99_ms"] - bare["p99_ms"], 1),
     }
 
 

@@ -47,10 +47,14 @@ from healthd.runner import Runner, RunnerBusy, RunReport
 from healthd.xid_listener import EventKind, GpuEvent
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.store import ConditionUpdate, Severity, Store, open_configured_store
+from remediation.episodes import EpisodeStore
+from remediation.ladder import Ladder
 
 log = logging.getLogger("medic.healthd")
 
-SOCKET_OPS = ("ping", "status", "launch", "check", "job_summary", "event", "metrics")
+SOCKET_OPS = ("ping", "status", "launch", "check", "job_end", "job_summary", "event", "metrics")
+# What the epilog's job_end runs: the GPUs still there and clean after the job.
+POST_JOB_CHECKS = ("gpu_count", "gpu_xid", "gpu_ecc", "gpu_retired_pages", "gpu_remapped_rows")
 HOOK_EVENT_KINDS = ("gate", "job_summary", "job_action")
 REFRESH_SECONDS = 300.0  # an unchanged condition's message, evidence and updated_at
 
@@ -163,6 +167,11 @@ class HealthDaemon:
         self.kmsg: KmsgWatcher | None = None
         # Called (on its own thread) with the results that just turned CRITICAL.
         self.on_fault: Callable[[list[Result]], None] | None = None
+        # The remediation ladder (set by build_daemon when a store and Slurm are at hand).
+        self.ladder: Ladder | None = None
+        self.ladder_store: EpisodeStore | None = None
+        self.ladder_lock = threading.Lock()
+        self.wake_ladder = threading.Event()
         self.apply_config(config)
         if gpu is not None:
             gpu.on_xid = self.wake_checks
@@ -264,10 +273,19 @@ class HealthDaemon:
                         seen.add(key)
                 updates = [u for u in updates if self._worth_writing(u, finished)]
                 changes = self.store.set_conditions(self.node, updates, at) if updates else []
+                # A new CRITICAL, or a new WARN that asks for a reset once the node is idle
+                # (pending page retirement, pending row remap): both start the ladder.
+                when_idle = {
+                    (r.check, r.target or "")
+                    for r in conditions
+                    if r.status == Status.WARN
+                    and r.evidence.get("recommendation") == "gpu_reset_when_idle"
+                }
                 fresh = {
                     (c.type, c.target)
                     for c in changes
-                    if c.status == Status.CRITICAL and c.previous_status != Status.CRITICAL
+                    if c.previous_status != c.status
+                    and (c.status == Status.CRITICAL or (c.type, c.target) in when_idle)
                 }
                 new_faults += [r for r in conditions if (r.check, r.target or "") in fresh]
                 for change in changes:
@@ -353,6 +371,29 @@ class HealthDaemon:
                 target=gpu,
             )
 
+    def gpu_identities(self) -> list[dict[str, Any]]:
+        if self.gpu is None:
+            return []
+        found = []
+        for index in range(64):
+            info = self.gpu.client.cached_gpu_info(index)
+            if info is None:
+                break
+            found.append(info.evidence())
+        return found
+
+    def ladder_loop(self, every: float = 2.0) -> None:
+        """The ladder's own thread: repairs take minutes and must not hold up the checks."""
+        while not self._stop.is_set():
+            if self.ladder is not None:
+                try:
+                    with self.ladder_lock:
+                        self.ladder.tick()
+                except Exception:
+                    log.exception("remediation step failed")
+            self.wake_ladder.wait(every)
+            self.wake_ladder.clear()
+
     def current(self) -> list[Result]:
         return [r for _, results in self._latest.values() for r in results]
 
@@ -412,6 +453,59 @@ class HealthDaemon:
         )
         return {"node": self.node, "event_id": event.id}
 
+    def gate(self, job_id: str, verdict: Mapping[str, Any]) -> dict[str, Any]:
+        """The prolog's decision on a launch verdict, with the `[hooks]` policy, recorded
+        for the job (an event of kind "gate")."""
+        from slurm_hooks.settings import HookSettings
+        from slurm_hooks.verdict import Verdict, decide
+
+        seen = Verdict.from_reply(dict(verdict), "healthd", float(verdict.get("seconds", 0.0)))
+        decision = decide(seen, HookSettings.from_config(self.config))
+        first = decision.first
+        self.store.add_event(
+            node=self.node,
+            at=dt.datetime.now(dt.UTC),
+            kind="gate",
+            severity=Severity.INFO if decision.allow else Severity.CRITICAL,
+            source="prolog",
+            message=(
+                f"job {job_id} allowed ({seen.status.value})"
+                if decision.allow
+                else f"job {job_id} refused: {first.message if first else decision.why}"
+            ),
+            fault_class=first.fault_class if first else "",
+            target=f"job:{job_id}",
+            evidence={
+                "job_id": job_id,
+                "allow": decision.allow,
+                "status": seen.status.value,
+                "verdict_source": "healthd",
+                "ran": list(verdict.get("ran", [])),
+                "seconds": verdict.get("seconds"),
+            },
+        )
+        return {"allow": decision.allow, "why": decision.why}
+
+    def after_job(self, job_id: str) -> None:
+        """Post-job checks and the job's health summary (an event of kind "job_summary");
+        a CRITICAL finding goes the usual way (drain, ladder) through record()."""
+        try:
+            summary = self.job_summary(job_id, list(POST_JOB_CHECKS), self.settings.launch_budget)
+            critical = [r for r in summary["results"] if r["status"] == "CRITICAL"]
+            self.store.add_event(
+                node=self.node,
+                at=dt.datetime.now(dt.UTC),
+                kind="job_summary",
+                severity=Severity.CRITICAL if critical else Severity.INFO,
+                source="epilog",
+                message=summary["message"],
+                fault_class=critical[0]["fault_class"] or "" if critical else "",
+                target=f"job:{job_id}",
+                evidence={k: v for k, v in summary.items() if k != "results"},
+            )
+        except Exception:
+            log.exception("post-job checks for job %s failed", job_id)
+
     def job_summary(self, job_id: str, checks: list[str], budget: float) -> dict[str, Any]:
         """For the epilog: the post-job checks now, and what this node saw during the job
         (events since the job's gate decision, or the last day when there was none)."""
@@ -459,9 +553,15 @@ class HealthDaemon:
             return {"node": self.node, "pid": os.getpid()}
         if op == "status":
             results = self.current()
+            episode = self.ladder_store.open_for(self.node) if self.ladder_store else None
             return {
                 "node": self.node,
                 "status": worst([r.status for r in results]).value,
+                "remediation_episode": (
+                    {"id": episode.id, "state": episode.state, "rung": episode.rung}
+                    if episode
+                    else None
+                ),
                 "hung": {k: v.isoformat() for k, v in self.checks.hung().items()},
                 "results": [result_json(r) for r in results],
             }
@@ -477,7 +577,15 @@ class HealthDaemon:
             return {"node": self.node, "text": self.metrics.exposition()}
         if op == "launch":
             budget = float(request.get("budget", self.settings.launch_budget))
-            return self.launch_verdict(min(budget, self.settings.launch_budget))
+            verdict = self.launch_verdict(min(budget, self.settings.launch_budget))
+            job_id = request.get("job_id")
+            if job_id is not None:
+                verdict.update(self.gate(str(job_id), verdict))
+            return verdict
+        if op == "job_end":  # the epilog: answered at once, judged in the background
+            job_id = str(request.get("job_id", ""))
+            threading.Thread(target=self.after_job, args=(job_id,), daemon=True).start()
+            return {"node": self.node, "job_id": job_id, "queued": True}
         if op == "check":
             tier = Tier(request["tier"]) if request.get("tier") else None
             names = request.get("checks")
@@ -585,7 +693,27 @@ def build_daemon(config: MedicConfig) -> HealthDaemon:
     daemon = HealthDaemon(config, store, ctx, gpu)
     daemon.kmsg = KmsgWatcher(config.paths.host_root / "dev" / "kmsg", daemon.wake_checks)
     daemon.on_fault = fault_responder(daemon)
+    attach_ladder(daemon)
     return daemon
+
+
+def attach_ladder(daemon: HealthDaemon) -> None:
+    from healthd.ladder_host import DaemonLadderHost
+    from remediation.episodes import EpisodeStore
+    from remediation.settings import RemediationSettings
+    from slurm_hooks.actions import slurm_client
+    from slurm_hooks.settings import HookSettings
+
+    settings = RemediationSettings.from_config(daemon.config)
+    hooks = HookSettings.from_config(daemon.config)
+    daemon.ladder_store = EpisodeStore(daemon.store)
+    daemon.ladder = Ladder(
+        daemon.node,
+        daemon.ladder_store,
+        slurm_client(daemon.config, hooks),
+        DaemonLadderHost(daemon),
+        settings,
+    )
 
 
 def fault_responder(daemon: HealthDaemon) -> Callable[[list[Result]], None]:
@@ -599,9 +727,26 @@ def fault_responder(daemon: HealthDaemon) -> Callable[[list[Result]], None]:
         settings = HookSettings.from_config(daemon.config)
         findings = [Finding.from_json(result_json(r)) for r in faults]
         client = slurm_client(daemon.config, settings)
-        drained, actions = respond_to_fault(client, daemon.node, findings, settings)
         now = dt.datetime.now(dt.UTC)
         first = findings[0]
+        with daemon.ladder_lock:
+            admission = daemon.ladder.admit(findings) if daemon.ladder else None
+            if admission is not None and not admission.drain:
+                daemon.store.add_event(
+                    node=daemon.node,
+                    at=now,
+                    kind="job_action",
+                    severity=Severity.CRITICAL,
+                    source="healthd",
+                    message=f"{first.fault_class}: not drained: {admission.why}",
+                    fault_class=first.fault_class,
+                    target=first.target,
+                )
+                return
+            drained, actions = respond_to_fault(client, daemon.node, findings, settings)
+            if daemon.ladder is not None and admission is not None and drained is not None:
+                daemon.ladder.drained(admission, drained.value)
+        daemon.wake_ladder.set()
         daemon.store.add_event(
             node=daemon.node,
             at=now,
@@ -662,6 +807,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if daemon.kmsg is not None:
         daemon.kmsg.start()
+    if daemon.ladder is not None:  # also continues an episode a restart interrupted
+        threading.Thread(target=daemon.ladder_loop, name="ladder", daemon=True).start()
     sdnotify.notify("READY=1")
     try:
         daemon.loop()

@@ -190,6 +190,8 @@ def _h100_8gpu(root: Path) -> None:
         _write(cpu / name, "0-111\n")
     _write(cpu / "offline", "\n")
     _write(root / "dev/kmsg", "")
+    # Changes at every boot; the remediation ladder tells a completed reboot by it.
+    _write(root / "proc/sys/kernel/random/boot_id", "6f1c2b7e-58a4-4a5e-9c1e-3f0d2a7b9e11\n")
     for pid, comm, state in H100_PROCESSES:
         write_process(root, pid, comm, state)
 

@@ -50,6 +50,17 @@ class GpuPlumbing:
     def extend(self, ctx: CheckContext) -> CheckContext:
         return dataclasses.replace(ctx, nvml=GpuContext(self.client, self.xids, self.jobs))
 
+    def restart(self) -> None:
+        """After a driver reload: NVML handles and event registrations are stale."""
+        if self.listener is not None:
+            self.listener.stop()
+        self.client.close()
+        try:
+            self.client.open()
+        except NvmlError as exc:
+            log.error("NVML did not come back after the driver reload: %s", exc)
+        self.start()
+
     def stop(self) -> None:
         if self.listener is not None and not self.listener.stop():
             log.warning("the XID listener is stuck in an NVML call; leaving it behind")

@@ -165,7 +165,9 @@ def respond_to_fault(
     reason = drain_reason_for(first)
     drained = drain_if_allowed(client, node, reason)
     actions: list[JobAction] = []
-    if not settings.requeue_resilient:
+    if not settings.requeue_resilient or all(
+        f.recommendation == "gpu_reset_when_idle" for f in findings
+    ):  # a fault that waits for the node to be idle lets running jobs finish
         return drained, actions
     for job in client.jobs_on(node):
         if job.state not in ("RUNNING", "CONFIGURING", "COMPLETING"):

@@ -80,7 +80,8 @@ def resume_if_medic(client: SlurmClient, node: str) -> DrainOutcome:
     info = client.node(node)
     if info is None:
         return DrainOutcome.UNKNOWN_NODE
-    if not info.drained:
+    down = "DOWN" in (info.state, *info.flags)  # after `scontrol reboot nextstate=DOWN`
+    if not info.drained and not down:
         return DrainOutcome.NOT_DRAINED
     if not is_medic_reason(info.reason):
         return DrainOutcome.NOT_OURS

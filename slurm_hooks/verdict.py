@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from healthd.api import HealthdUnavailable, ask
 from medic_core.config import MedicConfig
 from medic_core.status import Status, worst
 from slurm_hooks.settings import HookSettings
@@ -25,15 +24,18 @@ class Finding:
     fault_class: str
     target: str
     message: str
+    recommendation: str = ""  # what to do about it: gpu_reset, reboot, rma, drain, none
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Finding:
+        evidence = data.get("evidence") or {}
         return cls(
             check=str(data.get("check", "")),
             status=Status(data.get("status", "UNKNOWN")),
             fault_class=str(data.get("fault_class") or ""),
             target=str(data.get("target") or ""),
             message=str(data.get("message", "")),
+            recommendation=str(evidence.get("recommendation") or data.get("remediation") or ""),
         )
 
 
@@ -74,23 +76,6 @@ def decide(verdict: Verdict, settings: HookSettings) -> GateDecision:
             False, Status.UNKNOWN, unknown, "a launch check could not tell (on_unknown=closed)"
         )
     return GateDecision(True, verdict.status, (), "")
-
-
-def launch_verdict(config: MedicConfig, settings: HookSettings, job_id: str) -> Verdict:
-    started = time.monotonic()
-    budget = settings.launch_budget
-    try:
-        reply = ask(
-            config.paths.socket,
-            {"op": "launch", "budget": budget * 0.8, "job_id": job_id},
-            timeout=budget * 0.9,
-        )
-        return Verdict.from_reply(reply, "healthd", time.monotonic() - started)
-    except HealthdUnavailable as exc:
-        note = str(exc)
-    remaining = max(0.5, budget - (time.monotonic() - started))
-    verdict = run_inline(config, remaining)
-    return Verdict(verdict.status, verdict.findings, "inline", time.monotonic() - started, note)
 
 
 def run_inline(config: MedicConfig, budget: float) -> Verdict:

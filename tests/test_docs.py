@@ -9,9 +9,9 @@ import pytest
 
 from healthd.checks import load_check_configs
 from healthd.daemon import DaemonSettings
-from slurm_hooks.settings import HookSettings
 from medic_core.config import load_config
 from medic_core.store import store_settings
+from slurm_hooks.settings import HookSettings
 
 DOCS = Path(__file__).parents[1] / "docs"
 

@@ -103,7 +103,11 @@ def test_resilient_job_survives_xid_79_from_its_last_checkpoint(lab: Lab, store:
     resumed_at = int(log[1].split()[1].removeprefix("step="))
     assert resumed_at >= 5, log[1]
     assert "restarts=1" in log[1]
-    assert node_state(lab, victim)["reason"].startswith("medic: gpu.xid.79")
+    # The ladder took the node from there: XID 79 is NVIDIA's RESTART_BM, so a reboot.
+    from remediation.episodes import EpisodeStore
+
+    [episode] = EpisodeStore(store).find(node=victim)
+    assert (episode.fault_class, episode.first_rung) == ("gpu.xid.79", 3)
     actions = [e for e in store.events(victim, kind="job_action") if e.target == f"job:{job_id}"]
     assert actions and actions[0].evidence["action"] == "requeued"
 

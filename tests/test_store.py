@@ -356,14 +356,14 @@ def _v2_episodes(conn: Connection) -> None:
     """What a later migration looks like: a new table referencing conditions, a new column."""
     metadata = MetaData()
     Table(
-        "remediation_episodes",
+        "example_episodes",
         metadata,
         Column("id", Integer, primary_key=True),
         Column("condition_id", ForeignKey("conditions.id", ondelete="CASCADE"), nullable=False),
         Column("step", String(64), nullable=False),
     )
     Table("conditions", metadata, Column("id", Integer, primary_key=True))
-    metadata.tables["remediation_episodes"].create(conn)
+    metadata.tables["example_episodes"].create(conn)
     conn.execute(text("ALTER TABLE events ADD COLUMN episode_id INTEGER"))
 
 
@@ -372,7 +372,8 @@ def _v2_broken(conn: Connection) -> None:
     raise RuntimeError("migration 2 failed halfway")
 
 
-V2 = (*MIGRATIONS, Migration(2, "remediation episodes", _v2_episodes))
+RELEASED = MIGRATIONS[:1]  # version 1 as first released; the tests add a made-up version 2
+V2 = (*RELEASED, Migration(2, "example episodes", _v2_episodes))
 
 
 def test_open_creates_the_schema_and_reopening_is_a_no_op(store_url: str) -> None:
@@ -385,7 +386,8 @@ def test_open_creates_the_schema_and_reopening_is_a_no_op(store_url: str) -> Non
     engine = make_engine(parse_url(store_url))
     try:
         result = migrate(engine)
-        assert (result.before, result.after, result.applied) == (1, 1, False)
+        latest = len(MIGRATIONS)
+        assert (result.before, result.after, result.applied) == (latest, latest, False)
     finally:
         engine.dispose()
     with open_store(store_url) as store:
@@ -394,7 +396,7 @@ def test_open_creates_the_schema_and_reopening_is_a_no_op(store_url: str) -> Non
 
 
 def test_an_older_database_is_upgraded_by_open_store(store_url: str) -> None:
-    with open_store(store_url) as store:  # version 1, as released
+    with open_store(store_url, migrations=RELEASED) as store:  # version 1, as released
         store.set_condition("gpu01", xid(Status.CRITICAL, "gpu.xid.79"), T0)
         event_id = add(store, "gpu01", 0)
 
@@ -406,7 +408,7 @@ def test_an_older_database_is_upgraded_by_open_store(store_url: str) -> None:
         with store.engine.begin() as conn:
             cid = conn.execute(text("SELECT id FROM conditions")).scalar_one()
             conn.execute(
-                text("INSERT INTO remediation_episodes (condition_id, step) VALUES (:c, 'reset')"),
+                text("INSERT INTO example_episodes (condition_id, step) VALUES (:c, 'reset')"),
                 {"c": cid},
             )
             conn.execute(text("UPDATE events SET episode_id = 1"))
@@ -419,37 +421,40 @@ def test_an_older_database_is_upgraded_by_open_store(store_url: str) -> None:
     with pytest.raises(
         StoreError, match="schema is version 2 but this Medic knows versions up to 1"
     ):
-        open_store(store_url)
+        open_store(store_url, migrations=RELEASED)
 
 
 def test_foreign_keys_are_enforced(store_url: str) -> None:
     with open_store(store_url, migrations=V2) as store, store.engine.connect() as conn:
         with pytest.raises(Exception, match=r"(?i)foreign key"):
             conn.execute(
-                text("INSERT INTO remediation_episodes (condition_id, step) VALUES (999, 'x')")
+                text("INSERT INTO example_episodes (condition_id, step) VALUES (999, 'x')")
             )
         conn.rollback()
 
 
 def test_a_failed_migration_leaves_the_previous_version(store_url: str) -> None:
-    open_store(store_url).close()
-    broken = (*MIGRATIONS, Migration(2, "broken", _v2_broken))
+    open_store(store_url, migrations=RELEASED).close()
+    broken = (*RELEASED, Migration(2, "broken", _v2_broken))
     with pytest.raises(RuntimeError, match="failed halfway"):
         open_store(store_url, migrations=broken)
-    with open_store(store_url) as store:
+    with open_store(store_url, migrations=RELEASED) as store:
         assert store.schema_version() == 1
         assert not sa_inspect(store.engine).has_table("half_done")
 
 
 def test_migrations_must_be_numbered_without_gaps(store_url: str) -> None:
-    gap = (*MIGRATIONS, Migration(3, "skips two", _v2_episodes))
+    gap = (*RELEASED, Migration(3, "skips two", _v2_episodes))
     with pytest.raises(ValueError, match="expected 2"):
         open_store(store_url, migrations=gap)
 
 
 def test_the_migrated_schema_matches_the_models(store: Store) -> None:
+    from remediation.episodes import METADATA as REMEDIATION
+
     found = sa_inspect(store.engine)
-    for table in Base.metadata.sorted_tables:
+    models = [*Base.metadata.sorted_tables, *REMEDIATION.sorted_tables]
+    for table in models:
         columns = {c["name"]: c for c in found.get_columns(table.name)}
         assert set(columns) == set(table.columns.keys()), table.name
         for column in table.columns:
@@ -461,7 +466,7 @@ def test_the_migrated_schema_matches_the_models(store: Store) -> None:
         for constraint in table.constraints:
             if isinstance(constraint, UniqueConstraint):
                 assert tuple(c.name for c in constraint.columns) in uniques
-    assert set(found.get_table_names()) == {*Base.metadata.tables, "schema_version"} | (
+    assert set(found.get_table_names()) == {*(t.name for t in models), "schema_version"} | (
         {"sqlite_sequence"} & set(found.get_table_names())
     )
 

@@ -17,6 +17,7 @@ import socket
 import stat
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -295,7 +296,7 @@ class Lab:
         self._save(state)
         layout.slurm_conf.write_text(render_slurm_conf(state.spec, layout, state.ports, state.host))
         (layout.etc / "gres.conf").write_text(render_gres_conf(state.spec, layout))
-        layout.medic_conf.write_text(render_medic_conf(layout))
+        layout.medic_conf.write_text(render_medic_conf(layout, str(self.venv_bin / "python")))
         self._write_wrappers()
         build_library(layout.lib_dir)
         plugin = spank_build.build_plugin(layout.lib_dir)
@@ -549,13 +550,22 @@ class Lab:
         """Simulated reboot: stop the node's slurmd, apply what a reboot clears to its GPUs,
         and start slurmd with -b so slurmctld sees the reboot complete."""
         node = self.node(name)
+        had_healthd = name in self.healthd_pids()
+        if had_healthd:  # a reboot stops every service; its memory (buffered XIDs) is gone
+            self.stop_healthd(name)
         pid = slurmd_pid or _read_pid(node.slurmd_pid)
         if pid:
             self._terminate([pid], timeout)
         scenario_mod.write_scenario(
             node.scenario, scenario_mod.reboot(scenario_mod.read_scenario(node.scenario))
         )
-        return self.start_slurmd(name, rebooted=True)
+        boot_id = node.host_root / "proc/sys/kernel/random/boot_id"
+        boot_id.parent.mkdir(parents=True, exist_ok=True)
+        boot_id.write_text(f"{uuid.uuid4()}\n")
+        slurmd = self.start_slurmd(name, rebooted=True)
+        if had_healthd:
+            self.start_healthd(name)
+        return slurmd
 
     def inject(self, name: str, gpu: int | None, specs: list[str]) -> None:
         node = self.node(name)

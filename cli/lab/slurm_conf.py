@@ -110,8 +110,9 @@ def render_gres_conf(spec: LabSpec, layout: LabLayout) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_medic_conf(layout: LabLayout) -> str:
+def render_medic_conf(layout: LabLayout, python: str = "python3") -> str:
     node_dir = layout.node_template()
+    repair = f'"{python}", "-m", "cli.lab.repair", "--lab-root", "{layout.root}"'
     return "\n".join(
         [
             "# Written by `medic lab up`. {node} is this node's name (SLURMD_NODENAME or",
@@ -133,6 +134,13 @@ def render_medic_conf(layout: LabLayout) -> str:
             "metrics_port = 0",
             'socket_group = ""',
             f'slurmd_spool_dir = "{node_dir}/spool"',
+            "",
+            "# The ladder runs the lab's stand-ins for nvidia-smi -r and a driver reload.",
+            "[remediation]",
+            f'gpu_reset = [{repair}, "gpu-reset", "--node", "{{node}}", "--gpu", "{{gpu}}"]',
+            f'driver_reload = [{repair}, "driver-reload", "--node", "{{node}}"]',
+            "action_timeout = 30.0",
+            "reboot_timeout = 120.0",
             "",
         ]
     )

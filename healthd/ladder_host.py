@@ -1,0 +1,119 @@
+"""The node daemon's side of the remediation ladder (remediation.ladder.LadderHost): the
+boot id, running jobs, GPU processes, forgetting what a repair cleared, fresh verification
+runs, events and RMA tickets."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from medic_core.store import Severity
+from remediation import episodes as ep
+from slurm_hooks.verdict import Finding
+
+if TYPE_CHECKING:
+    from healthd.daemon import HealthDaemon
+
+log = logging.getLogger("medic.remediation")
+
+
+class DaemonLadderHost:
+    def __init__(self, daemon: HealthDaemon) -> None:
+        self.daemon = daemon
+
+    def boot_id(self) -> str:
+        path = self.daemon.ctx.roots.proc / "sys/kernel/random/boot_id"
+        try:
+            return path.read_text().strip()
+        except OSError:
+            return ""
+
+    def jobs_running(self) -> bool:
+        jobs = self.daemon.gpu.jobs if self.daemon.gpu is not None else None
+        if jobs is None:
+            return False
+        return jobs.job_state().running is True
+
+    def gpu_busy(self, gpu: int) -> bool:
+        plumbing = self.daemon.gpu
+        if plumbing is None:
+            return False
+        try:
+            return bool(plumbing.client.processes(gpu))
+        except Exception:  # cannot tell: let the reset itself refuse if it must
+            return False
+
+    def after_repair(self, gpu: int | None, before: float) -> None:
+        plumbing = self.daemon.gpu
+        if plumbing is None:
+            return
+        plumbing.xids.clear(gpu, before=before)
+        if gpu is None:  # a driver reload: handles and event registrations are gone
+            plumbing.restart()
+
+    def verify(self, extra_checks: Sequence[str]) -> list[Finding]:
+        from healthd.checks.base import Tier
+        from healthd.daemon import result_json
+
+        results = []
+        for tier in (Tier.LAUNCH, Tier.PERIODIC):
+            results += self.daemon.run_checks(tier=tier).results
+        if extra_checks:
+            results += self.daemon.run_checks(list(extra_checks)).results
+        return [Finding.from_json(result_json(r)) for r in results]
+
+    def event(self, message: str, *, severity: str, fault_class: str, target: str) -> None:
+        log.warning("%s: %s", self.daemon.node, message)
+        self.daemon.store.add_event(
+            node=self.daemon.node,
+            at=dt.datetime.now(dt.UTC),
+            kind="remediation",
+            severity=Severity(severity),
+            source="ladder",
+            message=message,
+            fault_class=fault_class,
+            target=target,
+        )
+
+    def open_rma(self, episode: ep.Episode, why: str) -> int | None:
+        try:
+            from remediation.tickets import open_ticket  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            return None
+        evidence = {
+            "episode": episode.id,
+            "why": why,
+            "fault": dict(episode.evidence),
+            "steps": [
+                {"action": s.action, "state": s.state, "rc": s.returncode, "output": s.output}
+                for s in self.daemon.ladder_store.steps(episode.id)
+            ]
+            if self.daemon.ladder_store
+            else [],
+            "conditions": [
+                {"type": c.type, "target": c.target, "status": str(c.status), "reason": c.reason}
+                for c in self.daemon.store.conditions(self.daemon.node)
+                if str(c.status) != "OK"
+            ],
+            "events": [
+                {
+                    "at": e.at.isoformat(),
+                    "kind": e.kind,
+                    "fault_class": e.fault_class,
+                    "message": e.message,
+                }
+                for e in self.daemon.store.events(self.daemon.node, limit=50)
+            ],
+        }
+        ticket = open_ticket(
+            self.daemon.store,
+            node=self.daemon.node,
+            fault_class=episode.fault_class,
+            summary=f"{episode.fault_class} on {self.daemon.node}: {why}",
+            gpus=self.daemon.gpu_identities(),
+            evidence=evidence,
+            actor="medic-ladder",
+        )
+        return int(ticket.id)

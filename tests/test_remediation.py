@@ -1,0 +1,306 @@
+"""The remediation ladder: its pure policy, a fault matrix on the lab (real daemons, real
+argv against the simulated GPUs, real reboots through Slurm's RebootProgram), recovery
+after a crash at each step, the drain cap and the fleet-wide pause, and admin drains."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli.lab.cluster import Lab
+from healthd.checks import registry
+from medic_core.status import Status
+from medic_core.store import Store, open_store
+from remediation import episodes as ep
+from remediation.ladder import Ladder
+from remediation.policy import LemonScore, Rung, after_failure, drain_cap, first_rung
+from remediation.settings import RemediationSettings
+from slurm_hooks.slurm import CliSlurm
+from slurm_hooks.verdict import Finding
+from tests.conftest import poll
+
+# --- policy ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault_class", "recommendation", "overrides", "expected"),
+    [
+        ("gpu.xid.95", "gpu_reset", {}, Rung.GPU_RESET),
+        ("gpu.xid.79", "reboot", {}, Rung.REBOOT),
+        ("gpu.xid.140", "rma", {}, Rung.RMA),
+        ("gpu.retired_pages.pending", "gpu_reset_when_idle", {}, Rung.GPU_RESET),
+        ("ib.port.rate", "drain", {}, None),
+        ("gpu.xid.13", "none", {}, None),
+        ("gpu.xid.79", "reboot", {"gpu.xid": "gpu_reset"}, Rung.GPU_RESET),
+        ("gpu.xid.79", "reboot", {"gpu.xid": "gpu_reset", "gpu.xid.79": "rma"}, Rung.RMA),
+        ("gpu.xid.79", "reboot", {"gpu": "none"}, None),
+    ],
+)
+def test_first_rung(
+    fault_class: str, recommendation: str, overrides: dict[str, str], expected: Rung | None
+) -> None:
+    assert first_rung(fault_class, recommendation, overrides) == expected
+
+
+@pytest.mark.parametrize(
+    ("rung", "made", "allowed", "expected"),
+    [
+        (Rung.GPU_RESET, 1, 2, Rung.GPU_RESET),
+        (Rung.GPU_RESET, 2, 2, Rung.DRIVER_RELOAD),
+        (Rung.DRIVER_RELOAD, 1, 1, Rung.REBOOT),
+        (Rung.REBOOT, 1, 1, Rung.RMA),
+        (Rung.RMA, 5, 1, Rung.RMA),
+    ],
+)
+def test_after_failure(rung: Rung, made: int, allowed: int, expected: Rung) -> None:
+    assert after_failure(rung, made, allowed) == expected
+
+
+@pytest.mark.parametrize(
+    ("nodes", "share", "minimum", "cap"), [(5, 0.1, 1, 1), (100, 0.1, 1, 10), (15, 0.1, 1, 1)]
+)
+def test_drain_cap(nodes: int, share: float, minimum: int, cap: int) -> None:
+    assert drain_cap(nodes, share, minimum) == cap
+
+
+def test_lemon_score() -> None:
+    assert LemonScore(3, 0, 3, 2).is_lemon
+    assert LemonScore(1, 2, 3, 2).is_lemon
+    assert not LemonScore(2, 1, 3, 2).is_lemon
+
+
+# --- the fault matrix on the lab ---------------------------------------------------------------
+
+
+@pytest.fixture
+def store(lab: Lab) -> Iterator[Store]:
+    with open_store(f"sqlite:///{lab.layout.store_db}") as s:
+        yield s
+
+
+def fast_config(lab: Lab, tmp_path: Path, extra: str = "") -> Path:
+    """The lab's medic.toml with every check every 2 s, so polled faults show at once."""
+    special = {
+        "gpu_count": "expected_count = 8\n",
+        # A halved PCIe link is a gray failure worth a reset here (the default is WARN).
+        "gpu_pcie": 'status = "CRITICAL"\n',
+    }
+    tables = "".join(
+        f"[checks.{s.name}]\ninterval = 2\n{special.get(s.name, '')}" for s in registry()
+    )
+    path = tmp_path / "medic.toml"
+    path.write_text(lab.layout.medic_conf.read_text() + "\n" + tables + extra)
+    return path
+
+
+def node_info(lab: Lab, name: str) -> dict[str, Any]:
+    return next(n for n in lab.sinfo_nodes() if n["name"] == name)
+
+
+def wait_closed(store: Store, node: str, timeout: float) -> ep.Episode:
+    episodes = ep.EpisodeStore(store)
+
+    def closed() -> bool:
+        found = episodes.find(node=node)
+        return bool(found) and found[-1].state in ep.CLOSED_STATES
+
+    poll(f"an episode on {node} to close", closed, timeout=timeout)
+    return episodes.find(node=node)[-1]
+
+
+MATRIX = [
+    # id, gpu, specs, first rung, end state
+    ("xid48_dbe", 1, ["xid=48"], Rung.GPU_RESET, ep.RESOLVED),
+    ("xid64", 2, ["xid=64"], Rung.GPU_RESET, ep.RESOLVED),
+    ("xid74_nvlink", 3, ["xid=74"], Rung.GPU_RESET, ep.RESOLVED),
+    ("xid79_off_the_bus", 4, ["xid=79"], Rung.REBOOT, ep.RESOLVED),
+    ("xid95_uncontained", 5, ["xid=95"], Rung.GPU_RESET, ep.RESOLVED),
+    ("xid119_gsp", 6, ["xid=119"], Rung.GPU_RESET, ep.RESOLVED),
+    ("ecc_dbe", 7, ["ecc.dbe=1"], Rung.GPU_RESET, ep.RESOLVED),
+    ("retired_pages_pending", 0, ["retired.pending=1"], Rung.GPU_RESET, ep.RESOLVED),
+    ("row_remap_failure", 1, ["remap.failure=1"], Rung.RMA, ep.RMA),
+    ("nvlink_down", 2, ["nvlink.3=down"], Rung.GPU_RESET, ep.RESOLVED),
+    ("pcie_width_x8", 3, ["pcie.width=8"], Rung.GPU_RESET, ep.RESOLVED),
+    ("missing_gpu", 4, ["missing=1"], Rung.REBOOT, ep.RESOLVED),
+    ("hardware_fault_everything_fails", 5, ["hardware_fault=1", "xid=95"], Rung.GPU_RESET, ep.RMA),
+    ("nvml_hang", 6, ["hang.nvmlDeviceGetUUID=forever"], Rung.REBOOT, ep.RESOLVED),
+]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "specs", "rung", "end"), [m[1:] for m in MATRIX], ids=[m[0] for m in MATRIX]
+)
+def test_fault_matrix(
+    lab: Lab, store: Store, tmp_path: Path, gpu: int, specs: list[str], rung: Rung, end: str
+) -> None:
+    lab.start_healthd("n2", config=fast_config(lab, tmp_path))
+    poll("first round", lambda: bool(store.conditions("n2", type="gpu_count")), timeout=20)
+    lab.inject("n2", gpu, specs)
+    episode = wait_closed(store, "n2", timeout=90)
+    assert (episode.first_rung, episode.state) == (int(rung), end), episode.message
+    steps = ep.EpisodeStore(store).steps(episode.id)
+    if end == ep.RESOLVED:
+        assert "DRAIN" not in node_info(lab, "n2")["state_flags"]
+        assert steps and steps[-1].state == "done"
+    else:
+        node = node_info(lab, "n2")
+        assert "DRAIN" in node["state_flags"] or "DOWN" in node["state"]
+        assert node["reason"].startswith("medic:")
+
+
+def test_ib_port_down_escalates_to_rma(lab: Lab, store: Store, tmp_path: Path) -> None:
+    lab.start_healthd("n3", config=fast_config(lab, tmp_path))
+    poll("first round", lambda: bool(store.conditions("n3", type="ib")), timeout=20)
+    port = lab.node("n3").host_root / "sys/class/infiniband/mlx5_4/ports/1/state"
+    port.write_text("1: DOWN\n")  # a cable: no reset or reboot brings it back
+    episode = wait_closed(store, "n3", timeout=120)
+    assert (episode.fault_class, episode.first_rung, episode.state) == (
+        "ib.port.down",
+        int(Rung.REBOOT),
+        ep.RMA,
+    )
+    actions = [s.action for s in ep.EpisodeStore(store).steps(episode.id)]
+    assert actions == ["reboot"], "one reboot for one decision, then RMA"
+
+
+def test_admin_drained_node_is_untouched_by_the_ladder(lab: Lab, store: Store) -> None:
+    lab.slurm(["scontrol", "update", "nodename=n4", "state=drain", "reason=admin: PSU swap"])
+    lab.start_healthd("n4")
+    lab.inject("n4", 0, ["xid=95"])
+    episode = wait_closed(store, "n4", timeout=30)
+    assert episode.state == ep.NEEDS_HUMAN
+    assert ep.EpisodeStore(store).steps(episode.id) == []
+    assert node_info(lab, "n4")["reason"] == "admin: PSU swap"
+
+
+def test_faults_everywhere_respect_the_cap_and_pause(lab: Lab, store: Store) -> None:
+    names = lab.node_names()
+    for name in names:
+        lab.start_healthd(name)
+    for name in names:
+        lab.inject(name, 0, ["xid=79"])
+    episodes = ep.EpisodeStore(store)
+    poll("an episode per node", lambda: len(episodes.find()) == len(names), timeout=30)
+    control = episodes.control()
+    assert control.paused and "gpu.xid.79" in control.reason
+    drained = [
+        n["name"]
+        for n in lab.sinfo_nodes()
+        if "DRAIN" in n["state_flags"] and n["reason"].startswith("medic:")
+    ]
+    assert len(drained) <= 1  # 10 % of 5 nodes, at least 1
+    paused = [e for e in episodes.find() if e.state in (ep.PAUSED, ep.NEEDS_HUMAN)]
+    assert len(paused) >= len(names) - 1
+    events = [e for e in store.events(kind="remediation") if "AUTOMATION PAUSED" in e.message]
+    assert events
+
+
+# --- crash recovery: a new Ladder (a restarted daemon) at each persisted point ----------------
+
+
+class LabHost:
+    """The ladder's host for one lab node, in this test process: the daemon's part played
+    by the test, the node, Slurm and the store are real."""
+
+    def __init__(self, lab: Lab, node: str) -> None:
+        self.lab, self.node = lab, node
+        self.events: list[str] = []
+
+    def boot_id(self) -> str:
+        path = self.lab.node(self.node).host_root / "proc/sys/kernel/random/boot_id"
+        return path.read_text().strip()
+
+    def jobs_running(self) -> bool:
+        return False
+
+    def gpu_busy(self, gpu: int) -> bool:
+        return False
+
+    def after_repair(self, gpu: int | None, before: float) -> None:
+        pass
+
+    def verify(self, extra_checks: Any) -> list[Finding]:
+        return [Finding("gpu_count", Status.OK, "", "", "8 GPUs")]
+
+    def event(self, message: str, *, severity: str, fault_class: str, target: str) -> None:
+        self.events.append(message)
+
+    def open_rma(self, episode: ep.Episode, why: str) -> int | None:
+        return None
+
+
+@pytest.mark.parametrize("crash_at", ["after_intent", "after_asking", "after_reboot"])
+def test_a_restart_at_any_point_of_a_reboot_reboots_once(
+    lab: Lab, store: Store, crash_at: str
+) -> None:
+    node = "n5"
+    episodes = ep.EpisodeStore(store)
+    slurm = CliSlurm(env=lab.env(), timeout=15)
+    host = LabHost(lab, node)
+    settings = RemediationSettings()
+    lab.slurm(["scontrol", "update", f"nodename={node}", "state=drain", "reason=medic: test"])
+    episode = episodes.open_episode(
+        node,
+        state=ep.WAITING_IDLE,
+        fault_class="gpu.xid.79",
+        target="1",
+        check="gpu_xid",
+        recommendation="reboot",
+        rung=int(Rung.REBOOT),
+        message="test",
+        evidence={},
+    )
+    boot = host.boot_id()
+    first = Ladder(node, episodes, slurm, host, settings)
+    if crash_at == "after_intent":  # died between writing the intent and asking Slurm
+        episodes.record_intent(episode, Rung.REBOOT, "reboot", ["scontrol"], boot)
+        episodes.update(episode.id, state=ep.REBOOTING)
+    else:
+        first.tick()  # asks Slurm for the reboot
+        if crash_at == "after_reboot":
+            poll("the reboot", lambda: host.boot_id() != boot, timeout=30)
+    restarted = Ladder(node, episodes, slurm, host, settings)
+
+    def resolved() -> bool:
+        current = restarted.tick()
+        return current is None or current.state == ep.RESOLVED
+
+    poll("episode resolved", resolved, timeout=60)
+    assert host.boot_id() != boot
+    reboot_steps = [s for s in episodes.steps(episode.id) if s.action == "reboot"]
+    done = [s for s in reboot_steps if s.state == "done"]
+    assert len(done) == 1, [(s.state, s.output) for s in reboot_steps]
+    assert "DRAIN" not in node_info(lab, node)["state_flags"]
+
+
+def test_a_restart_mid_reset_counts_the_attempt_and_never_repeats_it_blindly(
+    lab: Lab, store: Store
+) -> None:
+    node = "n1"
+    episodes = ep.EpisodeStore(store)
+    slurm = CliSlurm(env=lab.env(), timeout=15)
+    host = LabHost(lab, node)
+    lab.slurm(["scontrol", "update", f"nodename={node}", "state=drain", "reason=medic: test"])
+    episode = episodes.open_episode(
+        node,
+        state=ep.WAITING_IDLE,
+        fault_class="gpu.xid.95",
+        target="2",
+        check="gpu_xid",
+        recommendation="gpu_reset",
+        rung=int(Rung.GPU_RESET),
+        message="test",
+        evidence={},
+    )
+    # The daemon recorded the intent and died before (or while) the command ran.
+    episodes.record_intent(episode, Rung.GPU_RESET, "gpu_reset", ["nvidia-smi"], host.boot_id())
+    started = time.monotonic()
+    after = Ladder(node, episodes, slurm, host, RemediationSettings()).tick()
+    assert after is not None and after.state == ep.RESOLVED  # verified clean: no second reset
+    assert time.monotonic() - started < 30
+    [step] = episodes.steps(episode.id)
+    assert (step.state, step.attempt) == ("interrupted", 1)
