@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from cli.checks import checks
 from cli.ckpt import ckpt
 from cli.lab.commands import lab
 from cli.sbatch import sbatch
@@ -17,6 +18,7 @@ def medic() -> None:
 
 medic.add_command(lab)
 medic.add_command(ckpt)
+medic.add_command(checks)
 medic.add_command(sbatch)
 
 

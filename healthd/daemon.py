@@ -49,6 +49,7 @@ from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.store import ConditionUpdate, Severity, Store, open_configured_store
 from remediation.episodes import EpisodeStore
 from remediation.ladder import Ladder
+from remediation.webhook import WebhookSettings, deliver_pending
 
 log = logging.getLogger("medic.healthd")
 
@@ -171,6 +172,7 @@ class HealthDaemon:
         self.ladder: Ladder | None = None
         self.ladder_store: EpisodeStore | None = None
         self.ladder_lock = threading.Lock()
+        self.webhook: WebhookSettings | None = None
         self.wake_ladder = threading.Event()
         self.apply_config(config)
         if gpu is not None:
@@ -371,6 +373,13 @@ class HealthDaemon:
                 target=gpu,
             )
 
+    def _open_tickets(self) -> list[int]:
+        from remediation.tickets import TicketState, list_tickets
+
+        return [
+            t.id for t in list_tickets(self.store, node=self.node) if t.state != TicketState.CLOSED
+        ]
+
     def gpu_identities(self) -> list[dict[str, Any]]:
         if self.gpu is None:
             return []
@@ -379,7 +388,10 @@ class HealthDaemon:
             info = self.gpu.client.cached_gpu_info(index)
             if info is None:
                 break
-            found.append(info.evidence())
+            found.append(
+                {"index": info.index, "uuid": info.uuid, "serial": info.serial,
+                 "pci_bus_id": info.pci_bus_id}
+            )  # fmt: skip
         return found
 
     def ladder_loop(self, every: float = 2.0) -> None:
@@ -391,6 +403,11 @@ class HealthDaemon:
                         self.ladder.tick()
                 except Exception:
                     log.exception("remediation step failed")
+            if self.webhook is not None:  # RMA ticket changes to the site's ticketing system
+                try:
+                    deliver_pending(self.store, self.webhook)
+                except Exception:
+                    log.exception("webhook delivery failed")
             self.wake_ladder.wait(every)
             self.wake_ladder.clear()
 
@@ -557,6 +574,7 @@ class HealthDaemon:
             return {
                 "node": self.node,
                 "status": worst([r.status for r in results]).value,
+                "rma_open": self._open_tickets(),
                 "remediation_episode": (
                     {"id": episode.id, "state": episode.state, "rung": episode.rung}
                     if episode
@@ -705,6 +723,7 @@ def attach_ladder(daemon: HealthDaemon) -> None:
     from slurm_hooks.settings import HookSettings
 
     settings = RemediationSettings.from_config(daemon.config)
+    daemon.webhook = WebhookSettings.from_config(daemon.config)
     hooks = HookSettings.from_config(daemon.config)
     daemon.ladder_store = EpisodeStore(daemon.store)
     daemon.ladder = Ladder(

@@ -78,10 +78,8 @@ class DaemonLadderHost:
         )
 
     def open_rma(self, episode: ep.Episode, why: str) -> int | None:
-        try:
-            from remediation.tickets import open_ticket  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
-            return None
+        from remediation.tickets import open_ticket
+
         evidence = {
             "episode": episode.id,
             "why": why,
@@ -112,7 +110,11 @@ class DaemonLadderHost:
             node=self.daemon.node,
             fault_class=episode.fault_class,
             summary=f"{episode.fault_class} on {self.daemon.node}: {why}",
-            gpus=self.daemon.gpu_identities(),
+            gpus=[
+                g
+                for g in self.daemon.gpu_identities()
+                if not episode.target.isdigit() or g["index"] == int(episode.target)
+            ],
             evidence=evidence,
             actor="medic-ladder",
         )

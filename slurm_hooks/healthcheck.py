@@ -27,15 +27,20 @@ class HealthCheckOutcome:
     message: str
 
 
-def remediation_owns(config: MedicConfig, node: str) -> bool:
-    """Whether an open remediation episode owns the node (the ladder resumes it itself)."""
+def remediation_owns(config: MedicConfig, node: str) -> str:
+    """Why the node is not the health check's to resume: an open remediation episode (the
+    ladder resumes it itself) or an open RMA ticket (closing it re-qualifies the node)."""
     from healthd.api import HealthdUnavailable, ask
 
     try:
         reply = ask(config.paths.socket, {"op": "status"}, timeout=2.0)
     except HealthdUnavailable:
-        return False
-    return bool(reply.get("remediation_episode"))
+        return "medic-healthd unreachable"
+    if reply.get("remediation_episode"):
+        return f"remediation episode {reply['remediation_episode'].get('id')} owns it"
+    if reply.get("rma_open"):
+        return f"RMA ticket {reply['rma_open'][0]} is open"
+    return ""
 
 
 def health_check(
@@ -67,8 +72,9 @@ def health_check(
         return HealthCheckOutcome(daemon_up, "none", f"{verdict.status.value}{down}")
     if not settings.resume or not daemon_up:
         return HealthCheckOutcome(daemon_up, "kept", f"medic drain kept{down}")
-    if remediation_owns(config, node):
-        return HealthCheckOutcome(daemon_up, "owned_by_ladder", "a remediation episode owns it")
+    owner = remediation_owns(config, node)
+    if owner:
+        return HealthCheckOutcome(daemon_up, "owned_by_ladder", owner)
     # Re-qualify: a fresh run of both tiers, not the cached results.
     fresh: list[Finding] = []
     for tier in ("launch", "periodic"):

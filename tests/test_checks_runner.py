@@ -19,6 +19,7 @@ from healthd.checks.base import (
     Status,
     Tier,
     ok,
+    undeclared,
 )
 from healthd.runner import Runner, RunState
 
@@ -200,9 +201,20 @@ def test_runner_runs_the_registered_host_checks_by_default(tmp_path: Path) -> No
     from healthd.fixtures import write_host_tree
 
     write_host_tree(tmp_path)
-    report = Runner(CheckContext.for_root(tmp_path)).run(tier=Tier.LAUNCH)
+    ctx = CheckContext.for_root(tmp_path)  # no NVML: the GPU checks cannot run
+    runner = Runner(ctx)
+    report = runner.run(tier=Tier.LAUNCH)
     names = {o.name for o in report.outcomes}
     assert {"ib", "filesystems", "memory", "cpus", "services"} <= names
     assert "kernel_log" not in names
-    assert all(o.state is RunState.DONE for o in report.outcomes), report.outcomes
+    for outcome in report.outcomes:
+        needs = runner.specs[outcome.name].needs
+        if all(ctx.provides(need) for need in needs):
+            assert outcome.state is RunState.DONE, outcome
+        else:
+            assert "nvml" in needs, outcome
+            assert outcome.state is RunState.UNAVAILABLE, outcome
+            assert [r.fault_class for r in outcome.results] == ["check.unavailable"]
+    assert {o.name for o in report.outcomes if o.state is RunState.UNAVAILABLE} >= {"gpu_count"}
     assert not [r for r in report.results if r.status in (Status.CRITICAL, Status.WARN)]
+    assert not [r for r in report.results if undeclared(runner.specs[r.check], r)]

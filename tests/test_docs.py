@@ -11,6 +11,7 @@ from healthd.checks import load_check_configs
 from healthd.daemon import DaemonSettings
 from medic_core.config import load_config
 from medic_core.store import store_settings
+from remediation.settings import RemediationSettings
 from slurm_hooks.settings import HookSettings
 
 DOCS = Path(__file__).parents[1] / "docs"
@@ -20,7 +21,7 @@ def toml_blocks(page: str) -> list[str]:
     return re.findall(r"```toml\n(.*?)```", (DOCS / page).read_text(), flags=re.S)
 
 
-@pytest.mark.parametrize("page", ["operator-guide.md"])
+@pytest.mark.parametrize("page", ["operator-guide.md", "remediation.md"])
 def test_every_toml_example_validates(page: str, tmp_path: Path) -> None:
     blocks = toml_blocks(page)
     assert blocks, f"{page} shows no medic.toml"
@@ -32,3 +33,4 @@ def test_every_toml_example_validates(page: str, tmp_path: Path) -> None:
         load_check_configs(config)
         store_settings(config)
         HookSettings.from_config(config)
+        RemediationSettings.from_config(config)

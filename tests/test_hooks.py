@@ -152,9 +152,15 @@ def test_admin_drain_is_never_touched(lab: Lab, store: Store) -> None:
     assert "DRAIN" in state["state_flags"] and state["reason"] == "admin: fan noise"
 
 
-def test_healthcheck_resumes_what_medic_drained_once_clean(lab: Lab, store: Store) -> None:
+def test_healthcheck_resumes_what_medic_drained_once_clean(
+    lab: Lab, store: Store, tmp_path: Path
+) -> None:
+    # The ladder off, so the health check (not a GPU reset) is what returns the node.
+    config = tmp_path / "medic.toml"
+    text = lab.layout.medic_conf.read_text()
+    config.write_text(text.replace("[remediation]\n", "[remediation]\nenabled = false\n", 1))
     lab.inject("n4", 2, ["nvlink.1=down"])
-    lab.start_healthd("n4")
+    lab.start_healthd("n4", config=config)
     poll("n4 drained", lambda: drained_by_medic(lab, "n4"), timeout=10)
     result = run_hook(lab, "medic-healthcheck", "n4")
     assert result.returncode == 0, result.stderr

@@ -127,7 +127,7 @@ MATRIX = [
     ("pcie_width_x8", 3, ["pcie.width=8"], Rung.GPU_RESET, ep.RESOLVED),
     ("missing_gpu", 4, ["missing=1"], Rung.REBOOT, ep.RESOLVED),
     ("hardware_fault_everything_fails", 5, ["hardware_fault=1", "xid=95"], Rung.GPU_RESET, ep.RMA),
-    ("nvml_hang", 6, ["hang.nvmlDeviceGetUUID=forever"], Rung.REBOOT, ep.RESOLVED),
+    ("nvml_hang", 6, ["hang.nvmlDeviceGetHandleByIndex_v2=forever"], Rung.REBOOT, ep.RESOLVED),
 ]
 
 

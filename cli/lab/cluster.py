@@ -556,9 +556,10 @@ class Lab:
         pid = slurmd_pid or _read_pid(node.slurmd_pid)
         if pid:
             self._terminate([pid], timeout)
-        scenario_mod.write_scenario(
-            node.scenario, scenario_mod.reboot(scenario_mod.read_scenario(node.scenario))
-        )
+        before = scenario_mod.read_scenario(node.scenario)
+        kmsg = node.host_root / "dev/kmsg"
+        kmsg.write_text("")  # a new boot starts a new kernel ring buffer
+        scenario_mod.publish(node.scenario, kmsg, before, scenario_mod.reboot(before))
         boot_id = node.host_root / "proc/sys/kernel/random/boot_id"
         boot_id.parent.mkdir(parents=True, exist_ok=True)
         boot_id.write_text(f"{uuid.uuid4()}\n")
@@ -569,10 +570,10 @@ class Lab:
 
     def inject(self, name: str, gpu: int | None, specs: list[str]) -> None:
         node = self.node(name)
-        current = scenario_mod.read_scenario(node.scenario)
+        before = current = scenario_mod.read_scenario(node.scenario)
         for spec in specs:
             current = scenario_mod.inject(current, gpu, spec)
-        scenario_mod.write_scenario(node.scenario, current)
+        scenario_mod.publish(node.scenario, node.host_root / "dev/kmsg", before, current)
 
     def reset(self, timeout: float = 20.0) -> None:
         """Back to a clean lab between tests: no jobs, fresh GPUs and host trees, all IDLE."""

@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from cli.lab.layout import LabLayout
 
-    path = LabLayout(args.lab_root.resolve()).node(args.node).scenario
+    node = LabLayout(args.lab_root.resolve()).node(args.node)
+    path, kmsg = node.scenario, node.host_root / "dev/kmsg"
     try:
         current = scenario_mod.read_scenario(path)
     except FileNotFoundError:
@@ -48,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 255
-        scenario_mod.write_scenario(path, scenario_mod.gpu_reset(current, args.gpu))
+        scenario_mod.publish(path, kmsg, current, scenario_mod.gpu_reset(current, args.gpu))
         print(f"GPU {gpu.pci_bus_id} was successfully reset.")
         return 0
-    scenario_mod.write_scenario(path, scenario_mod.driver_reload(current))
+    scenario_mod.publish(path, kmsg, current, scenario_mod.driver_reload(current))
     print(f"{args.node}: NVIDIA driver unloaded and loaded again")
     return 0
 

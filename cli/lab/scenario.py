@@ -706,3 +706,40 @@ def reboot(scenario: NodeScenario) -> NodeScenario:
     """A reboot: everything driver_reload does, and GPUs missing with recoverable_by=reboot
     come back too. Only hardware_fault GPUs and recoverable_by=never GPUs keep their fault."""
     return _recover_node(scenario, ("reload", "reboot"))
+
+
+# ---- publishing: the scenario file and what the driver would log -----------------------------
+
+_KMSG_SEQ_BASE = 500_000  # above the fixture tree's own records
+
+
+def nvrm_xid_line(scenario: NodeScenario, event: XidEvent, timestamp_us: int) -> str:
+    """The kernel log record the NVIDIA driver prints for an XID (format as in
+    tests/fixtures/kmsg/nvrm_xid.txt)."""
+    from healthd.kmsg import format_record
+
+    bus = scenario.gpus[event.gpu].pci_bus_id.lower()  # 00000000:2a:00.0
+    pci = "0000:" + bus.split(":", 1)[1].rsplit(".", 1)[0]
+    return format_record(
+        _KMSG_SEQ_BASE + event.seq,
+        f"NVRM: Xid (PCI:{pci}): {event.xid}, pid=0, name=lab, simulated by medic lab",
+        level=4,
+        timestamp_us=timestamp_us,
+    )
+
+
+def publish(path: Path, kmsg: Path | None, before: NodeScenario, after: NodeScenario) -> None:
+    """Write the node's scenario, and append an NVRM Xid line to its kernel log for every
+    XID that is new in `after`: the driver logs every XID, so a daemon that starts after
+    the event (after a reboot, say) still finds it there."""
+    import time
+
+    write_scenario(path, after)
+    seen = max((e.seq for e in before.events), default=0)
+    new = [e for e in after.events if e.seq > seen]
+    if kmsg is None or not new or not kmsg.parent.is_dir():
+        return
+    now_us = int(time.monotonic() * 1e6)
+    with kmsg.open("a") as log:
+        for event in new:
+            log.write(nvrm_xid_line(after, event, now_us))

@@ -57,7 +57,7 @@ __all__ = [
     "worst",
 ]
 
-_NOT_CHECKS = frozenset({"base"})
+_NOT_CHECKS = frozenset({"base", "reference"})
 
 
 def discover() -> None:

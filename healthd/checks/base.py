@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 import time
 import types
 import typing
@@ -84,6 +85,15 @@ REMEDIATIONS: Mapping[str, Remediation] = {
 }
 
 
+# Recommendation words a finding may carry in evidence["recommendation"] (GPU and deep
+# checks): the Remediation values plus the GPU resets (see healthd.checks.gpu_common).
+RECOMMENDATION_WORDS: tuple[str, ...] = (
+    *(r.value for r in Remediation),
+    "gpu_reset",
+    "gpu_reset_when_idle",
+)
+
+
 def remediation_for(fault_class: str | None) -> Remediation | None:
     if not fault_class:
         return None
@@ -147,6 +157,102 @@ def fault(
         remediation_for(fault_class),
         kind,
     )
+
+
+# --- declared fault classes --------------------------------------------------------------
+
+_FAULT_KEY = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)*(\.\*)?$")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault class a check can emit, as it declares it in `register(faults=...)`.
+
+    `status`: what the finding is reported as (several when thresholds or configuration
+    decide). `recommendation`: the recommendation word for findings that carry their own
+    (GPU checks' `gpu_fault`, deep checks' `deep_fault` where REMEDIATIONS has no entry),
+    per status when it depends on the status; None when `remediation_for` (REMEDIATIONS)
+    decides. A key ending in `.*` declares a family whose members come from data (the XID
+    catalog, kernel_log_rules.json)."""
+
+    status: Status | tuple[Status, ...]
+    meaning: str  # one line
+    recommendation: str | Mapping[Status, str] | None = None
+
+    @property
+    def statuses(self) -> tuple[Status, ...]:
+        return self.status if isinstance(self.status, tuple) else (self.status,)
+
+    def words(self) -> tuple[str, ...]:
+        """The declared recommendation words (none when REMEDIATIONS decides)."""
+        if self.recommendation is None:
+            return ()
+        if isinstance(self.recommendation, str):
+            return (self.recommendation,)
+        return tuple(self.recommendation.values())
+
+
+# Fault classes the runner, the daemon and the shared GPU helpers report for any check;
+# never a hardware verdict (REMEDIATIONS: "check" -> none).
+RUNNER_FAULTS: Mapping[str, Fault] = {
+    "check.error": Fault(
+        Status.UNKNOWN, "gather or evaluate raised, or evaluate returned no results"
+    ),
+    "check.timeout": Fault(Status.UNKNOWN, "no answer within the timeout; the thread is left"),
+    "check.hung": Fault(
+        Status.UNKNOWN, "an earlier run has not returned; not started again until it does"
+    ),
+    "check.unavailable": Fault(
+        Status.UNKNOWN, "the context lacks something the check needs (e.g. nvml)"
+    ),
+    "check.busy": Fault(
+        Status.UNKNOWN, "the daemon has no fresh result: a run could not start in time"
+    ),
+    "check.nvml.*": Fault(
+        Status.UNKNOWN,
+        "an NVML reading failed on a GPU: check.nvml.timeout, .gpu_lost, .unavailable, .error",
+    ),
+}
+
+
+def covers(declared: str, fault_class: str) -> bool:
+    """Whether a declared key (`gpu.ecc.dbe`, or a family `gpu.xid.*`) covers a class."""
+    if declared.endswith(".*"):
+        return fault_class.startswith(declared[:-1])
+    return declared == fault_class
+
+
+def declared_fault(faults: Mapping[str, Fault], fault_class: str) -> Fault | None:
+    """The declaration covering `fault_class`: the exact key, else the longest family."""
+    if fault_class in faults:
+        return faults[fault_class]
+    families = [k for k in faults if k.endswith(".*") and covers(k, fault_class)]
+    return faults[max(families, key=len)] if families else None
+
+
+def undeclared(spec: CheckSpec, result: Result) -> bool:
+    """True when `result` carries a fault class that neither the check nor the runner
+    declares (the reference in docs/checks.md would not mention it)."""
+    if result.fault_class is None:
+        return False
+    return (
+        declared_fault(spec.faults, result.fault_class) is None
+        and declared_fault(RUNNER_FAULTS, result.fault_class) is None
+    )
+
+
+def _check_faults(name: str, faults: Mapping[str, Fault]) -> None:
+    for key, declared in faults.items():
+        where = f"check {name!r}: fault class {key!r}"
+        if not _FAULT_KEY.match(key):
+            raise ValueError(f"{where} is not dotted lower case (a family ends in .*)")
+        if not isinstance(declared, Fault):
+            raise ValueError(f"{where}: declare it as Fault(status, meaning)")
+        if not declared.meaning.strip() or "\n" in declared.meaning:
+            raise ValueError(f"{where}: the meaning must be one non-empty line")
+        unknown = [w for w in declared.words() if w not in RECOMMENDATION_WORDS]
+        if unknown:
+            raise ValueError(f"{where}: unknown recommendation {unknown[0]!r}")
 
 
 # --- the context: every side effect of a check goes through here --------------------------
@@ -377,6 +483,8 @@ class CheckSpec:
     description: str
     check_class: type[Check[Any, Any]]
     module: str
+    # fault class (or family "x.*") -> what the check declares about it; see Fault
+    faults: Mapping[str, Fault] = field(default_factory=dict)
 
     @property
     def config_type(self) -> type[CheckConfig]:
@@ -406,15 +514,20 @@ def register(
     tiers: Sequence[Tier],
     interval: float,
     timeout: float,
+    faults: Mapping[str, Fault],
     needs: Sequence[str] = ("host",),
     description: str | None = None,
 ) -> Callable[[K], K]:
-    """Class decorator: add a check to the registry (its module's import is enough)."""
+    """Class decorator: add a check to the registry (its module's import is enough).
+
+    `faults` declares every fault class the check itself can emit (the runner's are in
+    RUNNER_FAULTS); docs/checks.md is generated from it and tests hold the source to it."""
 
     def add(cls: K) -> K:
         unknown = set(needs) - CAPABILITIES
         if unknown:
             raise ValueError(f"check {name!r}: unknown needs {sorted(unknown)}")
+        _check_faults(name, faults)
         if not tiers or timeout <= 0 or interval <= 0:
             raise ValueError(f"check {name!r}: needs a tier, a timeout and an interval")
         existing = _REGISTRY.get(name)
@@ -431,6 +544,7 @@ def register(
             description=doc if isinstance(doc, str) else "".join(doc),
             check_class=cls,
             module=cls.__module__,
+            faults=dict(faults),
         )
         cls.spec = spec
         _REGISTRY[name] = spec

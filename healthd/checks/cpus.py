@@ -8,6 +8,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -38,7 +39,21 @@ class CpusObservation:
     possible: str | None
 
 
-@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=300, timeout=5)
+@register(
+    name=NAME,
+    tiers=(Tier.LAUNCH, Tier.PERIODIC),
+    interval=300,
+    timeout=5,
+    faults={
+        "cpu.offline": Fault(
+            Status.CRITICAL, "a possible CPU is offline (with require_all_online)"
+        ),
+        "cpu.count": Fault(Status.CRITICAL, "online CPUs differ from expected_count"),
+        "check.read_error": Fault(
+            Status.UNKNOWN, "/sys/devices/system/cpu/online or possible is missing"
+        ),
+    },
+)
 class CpusCheck(Check[CpusObservation, CpusConfig]):
     """CPUs: all possible CPUs online and the expected count."""
 

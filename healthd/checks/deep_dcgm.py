@@ -20,6 +20,7 @@ from typing import Any
 from healthd.checks.base import (
     Check,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -203,6 +204,19 @@ def parse_dcgmi_diag(text: str) -> DcgmDiag:
     interval=86400,
     timeout=3600,
     needs=("host", "commands"),
+    faults={
+        "gpu.dcgm.diag": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "a DCGM diag test failed (CRITICAL) or warned (WARN)",
+            "drain",
+        ),
+        "check.read_error": Fault(
+            Status.UNKNOWN, "DCGM reported a test status Medic does not know"
+        ),
+        "check.command_failed": Fault(
+            Status.UNKNOWN, "the tool failed, timed out or printed nothing parseable"
+        ),
+    },
 )
 class DeepDcgmCheck(Check[DeepDcgmObservation, DeepDcgmConfig]):
     """DCGM diagnostics (dcgmi diag -r <level> -j): failing and warning tests per GPU."""

@@ -21,6 +21,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -145,6 +146,16 @@ def measure_io(
     interval=86400,
     timeout=300,
     needs=("host", "clock"),
+    faults={
+        "fs.io.hung": Fault(
+            Status.CRITICAL, "the I/O probe did not answer in time (still hung on later runs)"
+        ),
+        "fs.io.error": Fault(Status.CRITICAL, "the I/O probe failed"),
+        "fs.io.throughput": Fault(
+            Status.CRITICAL,
+            "write+fsync or read-back throughput below min_write_mbps / min_read_mbps",
+        ),
+    },
 )
 class DeepFsIoCheck(Check[DeepFsIoObservation, DeepFsIoConfig]):
     """Filesystem write+fsync and read-back throughput in a scratch directory."""

@@ -25,6 +25,7 @@ from typing import Any
 from healthd.checks.base import (
     Check,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -310,6 +311,20 @@ def parse_gpu_perf(text: str) -> GpuPerfReport:
     interval=86400,
     timeout=900,
     needs=("host", "commands"),
+    faults={
+        "gpu.perf.matmul": Fault(
+            Status.CRITICAL, "matmul TFLOPS below the floor for the GPU model", "drain"
+        ),
+        "gpu.pcie.h2d_bw": Fault(
+            Status.CRITICAL, "host-to-device copy GB/s below the floor", "drain"
+        ),
+        "gpu.pcie.d2h_bw": Fault(
+            Status.CRITICAL, "device-to-host copy GB/s below the floor", "drain"
+        ),
+        "check.command_failed": Fault(
+            Status.UNKNOWN, "the tool failed, timed out or printed nothing parseable"
+        ),
+    },
 )
 class DeepGpuPerfCheck(Check[DeepGpuPerfObservation, DeepGpuPerfConfig]):
     """GPU matmul TFLOPS and host<->device copy GB/s per GPU (the node's PyTorch or CuPy)."""

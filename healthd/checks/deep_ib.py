@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from healthd.checks.base import (
     Check,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -181,6 +182,16 @@ def _active_hcas(ctx: CheckContext, cfg: DeepIbConfig) -> list[tuple[str, str | 
     interval=86400,
     timeout=600,
     needs=("host", "commands"),
+    faults={
+        "ib.loopback.bw": Fault(
+            Status.CRITICAL,
+            "loopback RDMA write bandwidth below the floor for the port rate",
+            "drain",
+        ),
+        "check.command_failed": Fault(
+            Status.UNKNOWN, "the tool failed, timed out or printed nothing parseable"
+        ),
+    },
 )
 class DeepIbCheck(Check[DeepIbObservation, DeepIbConfig]):
     """InfiniBand loopback RDMA write bandwidth per HCA (perftest ib_write_bw)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from healthd.checks.base import (
     Check,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -221,6 +222,19 @@ def count_gpus(ctx: CheckContext) -> int:
     interval=86400,
     timeout=900,
     needs=("host", "commands"),
+    faults={
+        "nccl.allreduce.wrong": Fault(
+            Status.CRITICAL, "all-reduce returned wrong or out-of-bounds values", "drain"
+        ),
+        "nccl.allreduce.bw": Fault(
+            Status.CRITICAL,
+            "bus bandwidth at the largest size below the floor for the GPU model",
+            "drain",
+        ),
+        "check.command_failed": Fault(
+            Status.UNKNOWN, "the tool failed, timed out or printed nothing parseable"
+        ),
+    },
 )
 class DeepNcclCheck(Check[DeepNcclObservation, DeepNcclConfig]):
     """NCCL all-reduce bus bandwidth across the node's GPUs (nccl-tests all_reduce_perf)."""

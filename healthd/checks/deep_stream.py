@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from healthd.checks.base import (
     Check,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -140,6 +141,17 @@ def cpu_model(cpuinfo: str | None) -> str | None:
     interval=86400,
     timeout=600,
     needs=("host", "commands"),
+    faults={
+        "mem.bandwidth.validation": Fault(
+            Status.CRITICAL, "STREAM results failed validation", "drain"
+        ),
+        "mem.bandwidth": Fault(
+            Status.CRITICAL, "STREAM Triad below the floor for the CPU model", "drain"
+        ),
+        "check.command_failed": Fault(
+            Status.UNKNOWN, "the tool failed, timed out or printed nothing parseable"
+        ),
+    },
 )
 class DeepStreamCheck(Check[DeepStreamObservation, DeepStreamConfig]):
     """Host memory bandwidth (STREAM): Triad against a floor per CPU model, validation."""

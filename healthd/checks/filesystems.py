@@ -14,6 +14,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -139,6 +140,24 @@ def _probe(ops: MountOps, path: Path, write: bool) -> _Reading:
     interval=60,
     timeout=15,
     needs=("host", "mounts"),
+    faults={
+        "fs.missing": Fault(Status.CRITICAL, "a required mount point is not in /proc/mounts"),
+        "fs.hung": Fault(
+            Status.CRITICAL, "statvfs or the write probe did not answer within mount_timeout"
+        ),
+        "fs.error": Fault(Status.CRITICAL, "statvfs failed (stale handle, I/O error)"),
+        "fs.unwritable": Fault(
+            Status.CRITICAL, "mounted ro (unless in read_only_mounts), or the write probe failed"
+        ),
+        "fs.full": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "free space below warn_free_percent / critical_free_percent",
+        ),
+        "fs.inodes": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "free inodes below the inode thresholds (skipped when the filesystem reports 0 inodes)",
+        ),
+    },
 )
 class FilesystemsCheck(Check[FilesystemsObservation, FilesystemsConfig]):
     """Required mounts: mounted, answering, writable, with free space and inodes."""

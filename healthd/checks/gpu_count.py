@@ -13,6 +13,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -70,7 +71,31 @@ class GpuCountObservation:
     health: Mapping[int, CallHealth] = field(default_factory=dict)
 
 
-@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=60, timeout=15, needs=("nvml",))
+@register(
+    name=NAME,
+    tiers=(Tier.LAUNCH, Tier.PERIODIC),
+    interval=60,
+    timeout=15,
+    needs=("nvml",),
+    faults={
+        "gpu.missing": Fault(
+            Status.CRITICAL,
+            "fewer GPUs than expected_count, or an expected PCI bus id is absent",
+            "reboot",
+        ),
+        "gpu.count.unexpected": Fault(Status.WARN, "more GPUs than expected_count", "none"),
+        "gpu.nvml.unresponsive": Fault(
+            Status.CRITICAL,
+            "a GPU timed out or answered GPU-is-lost too many times in a row",
+            "reboot",
+        ),
+        "gpu.nvml.unavailable": Fault(
+            Status.CRITICAL,
+            "NVML is unusable (driver not loaded) while GPUs are expected",
+            "reboot",
+        ),
+    },
+)
 class GpuCountCheck(Check[GpuCountObservation, GpuCountConfig]):
     """GPU count and PCI ids as expected; GPUs that stopped answering NVML."""
 

@@ -9,6 +9,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -54,7 +55,20 @@ class GpuDriverObservation:
     version: Reading[str]
 
 
-@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=600, timeout=10, needs=("nvml",))
+@register(
+    name=NAME,
+    tiers=(Tier.LAUNCH, Tier.PERIODIC),
+    interval=600,
+    timeout=10,
+    needs=("nvml",),
+    faults={
+        "gpu.driver.version": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "driver not in expected_versions or older than min_version (status: status)",
+            "drain",
+        )
+    },
+)
 class GpuDriverCheck(Check[GpuDriverObservation, GpuDriverConfig]):
     """NVIDIA driver version is the expected one."""
 

@@ -11,6 +11,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -56,7 +57,23 @@ def gpu_key(sample: GpuSample[Any]) -> str:
     return sample.info.uuid if sample.info is not None else f"index:{sample.index}"
 
 
-@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=60, timeout=10, needs=("nvml",))
+@register(
+    name=NAME,
+    tiers=(Tier.LAUNCH, Tier.PERIODIC),
+    interval=60,
+    timeout=10,
+    needs=("nvml",),
+    faults={
+        "gpu.ecc.dbe": Fault(
+            Status.CRITICAL,
+            "uncorrectable ECC errors over the volatile, growth or lifetime limits",
+            "gpu_reset",
+        ),
+        "gpu.ecc.sbe": Fault(
+            Status.WARN, "volatile correctable ECC errors over volatile_sbe_limit", "none"
+        ),
+    },
+)
 class GpuEccCheck(Check[GpuEccObservation, GpuEccConfig]):
     """GPU ECC: uncorrectable errors (CRITICAL), correctable errors over a threshold (WARN)."""
 

@@ -9,6 +9,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -41,7 +42,20 @@ class GpuNvlinkObservation:
     samples: GpuSamples[NvLinkStates]
 
 
-@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=60, timeout=10, needs=("nvml",))
+@register(
+    name=NAME,
+    tiers=(Tier.LAUNCH, Tier.PERIODIC),
+    interval=60,
+    timeout=10,
+    needs=("nvml",),
+    faults={
+        "gpu.nvlink.down": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "an expected NVLink is down, or fewer links than expected (status: status)",
+            "gpu_reset",
+        )
+    },
+)
 class GpuNvlinkCheck(Check[GpuNvlinkObservation, GpuNvlinkConfig]):
     """GPU NVLinks: each expected link is up."""
 

@@ -10,6 +10,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -42,7 +43,20 @@ class GpuPcieObservation:
     samples: GpuSamples[PcieLink]
 
 
-@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=300, timeout=10, needs=("nvml",))
+@register(
+    name=NAME,
+    tiers=(Tier.LAUNCH, Tier.PERIODIC),
+    interval=300,
+    timeout=10,
+    needs=("nvml",),
+    faults={
+        "gpu.pcie.degraded": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "PCIe width (or generation, with check_gen) below the expectation (status: status)",
+            "gpu_reset",
+        )
+    },
+)
 class GpuPcieCheck(Check[GpuPcieObservation, GpuPcieConfig]):
     """GPU PCIe link: current width/generation below the maximum or expectation."""
 

@@ -9,6 +9,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -37,7 +38,18 @@ class GpuPersistenceObservation:
     samples: GpuSamples[bool]
 
 
-@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=300, timeout=10, needs=("nvml",))
+@register(
+    name=NAME,
+    tiers=(Tier.LAUNCH, Tier.PERIODIC),
+    interval=300,
+    timeout=10,
+    needs=("nvml",),
+    faults={
+        "gpu.persistence.off": Fault(
+            (Status.WARN, Status.CRITICAL), "persistence mode is off (status: status)", "none"
+        )
+    },
+)
 class GpuPersistenceCheck(Check[GpuPersistenceObservation, GpuPersistenceConfig]):
     """GPU persistence mode is on."""
 

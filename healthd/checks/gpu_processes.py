@@ -11,6 +11,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -65,7 +66,20 @@ def _usage(client: NvmlClient, index: int) -> GpuUsage:
     return GpuUsage(processes, memory)
 
 
-@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=60, timeout=10, needs=("nvml",))
+@register(
+    name=NAME,
+    tiers=(Tier.LAUNCH, Tier.PERIODIC),
+    interval=60,
+    timeout=10,
+    needs=("nvml",),
+    faults={
+        "gpu.leak.process": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "compute processes or used memory on a GPU no job uses (status: status)",
+            "gpu_reset_when_idle",
+        )
+    },
+)
 class GpuProcessesCheck(Check[GpuProcessesObservation, GpuProcessesConfig]):
     """GPU processes or memory in use while no job runs (leaked processes)."""
 

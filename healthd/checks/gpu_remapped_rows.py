@@ -9,6 +9,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -46,7 +47,26 @@ class GpuRemappedRowsObservation:
     samples: GpuSamples[RemappedRows]
 
 
-@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=300, timeout=10, needs=("nvml",))
+@register(
+    name=NAME,
+    tiers=(Tier.LAUNCH, Tier.PERIODIC),
+    interval=300,
+    timeout=10,
+    needs=("nvml",),
+    faults={
+        "gpu.remap.failure": Fault(
+            Status.CRITICAL, "row remapping failed: a bank ran out of spare rows", "rma"
+        ),
+        "gpu.remap.pending": Fault(
+            Status.WARN, "a row remap is pending (applied at the next reset)", "gpu_reset_when_idle"
+        ),
+        "gpu.remap.uncorrectable": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "rows remapped for uncorrectable errors over uncorrectable_rows_limit",
+            "rma",
+        ),
+    },
+)
 class GpuRemappedRowsCheck(Check[GpuRemappedRowsObservation, GpuRemappedRowsConfig]):
     """GPU row remapping: failure (RMA), pending (reset when idle), uncorrectable rows."""
 

@@ -9,6 +9,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -43,7 +44,25 @@ class GpuRetiredPagesObservation:
     samples: GpuSamples[RetiredPages]
 
 
-@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=300, timeout=10, needs=("nvml",))
+@register(
+    name=NAME,
+    tiers=(Tier.LAUNCH, Tier.PERIODIC),
+    interval=300,
+    timeout=10,
+    needs=("nvml",),
+    faults={
+        "gpu.retired_pages.pending": Fault(
+            Status.WARN,
+            "pages pending retirement (retired at the next reset)",
+            "gpu_reset_when_idle",
+        ),
+        "gpu.retired_pages.limit": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "retired pages at or above rma_retired_pages (status: rma_status)",
+            "rma",
+        ),
+    },
+)
 class GpuRetiredPagesCheck(Check[GpuRetiredPagesObservation, GpuRetiredPagesConfig]):
     """GPU retired pages: pending retirement (reset when idle), count over the RMA limit."""
 

@@ -10,6 +10,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -67,7 +68,40 @@ class GpuThermalObservation:
     samples: GpuSamples[Thermal]
 
 
-@register(name=NAME, tiers=(Tier.PERIODIC,), interval=60, timeout=10, needs=("nvml",))
+@register(
+    name=NAME,
+    tiers=(Tier.PERIODIC,),
+    interval=60,
+    timeout=10,
+    needs=("nvml",),
+    faults={
+        "gpu.thermal.high": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "temperature at or over warn_temperature_c / critical_temperature_c",
+            {Status.WARN: "none", Status.CRITICAL: "drain"},
+        ),
+        "gpu.clocks.hw_slowdown": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "clocks lowered by HW slowdown (status: reason_status)",
+            {Status.WARN: "none", Status.CRITICAL: "drain"},
+        ),
+        "gpu.clocks.hw_thermal": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "clocks lowered by HW thermal slowdown (status: reason_status)",
+            {Status.WARN: "none", Status.CRITICAL: "drain"},
+        ),
+        "gpu.clocks.hw_power_brake": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "clocks lowered by HW power brake slowdown (status: reason_status)",
+            {Status.WARN: "none", Status.CRITICAL: "drain"},
+        ),
+        "gpu.clocks.sw_thermal": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "clocks lowered by SW thermal slowdown (off unless set in reason_status)",
+            {Status.WARN: "none", Status.CRITICAL: "drain"},
+        ),
+    },
+)
 class GpuThermalCheck(Check[GpuThermalObservation, GpuThermalConfig]):
     """GPU temperature and hardware clock slowdowns."""
 

@@ -20,6 +20,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Kind,
     Result,
     Status,
@@ -87,7 +88,19 @@ def _pci_map(client: NvmlClient) -> dict[str, int]:
     return found
 
 
-@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=30, timeout=10, needs=("nvml",))
+@register(
+    name=NAME,
+    tiers=(Tier.LAUNCH, Tier.PERIODIC),
+    interval=30,
+    timeout=10,
+    needs=("nvml",),
+    faults={
+        "gpu.xid.*": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "an XID on a GPU: CRITICAL condition or WARN event per the XID catalog below",
+        )
+    },
+)
 class GpuXidCheck(Check[GpuXidObservation, GpuXidConfig]):
     """Recent XIDs (NVML events and the kernel log), judged by NVIDIA's Xid Catalog."""
 

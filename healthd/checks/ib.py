@@ -11,6 +11,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -148,6 +149,48 @@ def _read_port(ctx: CheckContext, hca: str, port: int) -> IbPort:
     interval=60,
     timeout=10,
     needs=("host",),
+    faults={
+        "ib.port.down": Fault(
+            Status.CRITICAL, "state is not 4: ACTIVE or phys_state is not 5: LinkUp"
+        ),
+        "ib.port.rate": Fault(
+            Status.CRITICAL, "rate below min_rate_gbps (e.g. 200 Gb/sec (2X NDR): a lane down)"
+        ),
+        "ib.port.missing": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "watched port count differs from expected_ports (CRITICAL fewer, WARN more)",
+        ),
+        "ib.errors.symbol": Fault(
+            Status.WARN, "symbol_error grew by more than its limit since the last run"
+        ),
+        "ib.errors.link_downed": Fault(
+            Status.WARN, "link_downed grew by more than its limit since the last run"
+        ),
+        "ib.errors.link_recovery": Fault(
+            Status.WARN, "link_error_recovery grew by more than its limit since the last run"
+        ),
+        "ib.errors.rcv": Fault(
+            Status.WARN, "port_rcv_errors grew by more than its limit since the last run"
+        ),
+        "ib.errors.rcv_remote_physical": Fault(
+            Status.WARN,
+            "port_rcv_remote_physical_errors grew by more than its limit since the last run",
+        ),
+        "ib.errors.link_integrity": Fault(
+            Status.WARN,
+            "local_link_integrity_errors grew by more than its limit since the last run",
+        ),
+        "ib.errors.buffer_overrun": Fault(
+            Status.WARN,
+            "excessive_buffer_overrun_errors grew by more than its limit since the last run",
+        ),
+        "ib.errors.xmit_discards": Fault(
+            Status.WARN, "port_xmit_discards grew by more than its limit since the last run"
+        ),
+        "check.read_error": Fault(
+            Status.UNKNOWN, "a port attribute exists but cannot be read or parsed"
+        ),
+    },
 )
 class IbCheck(Check[IbObservation, IbConfig]):
     """InfiniBand ports: state, physical state, rate, port count, error-counter growth."""

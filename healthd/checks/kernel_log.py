@@ -17,6 +17,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Kind,
     Result,
     Status,
@@ -161,7 +162,18 @@ def match_records(
     return found
 
 
-@register(name=NAME, tiers=(Tier.PERIODIC,), interval=30, timeout=10)
+@register(
+    name=NAME,
+    tiers=(Tier.PERIODIC,),
+    interval=30,
+    timeout=10,
+    faults={
+        "kernel.*": Fault(
+            (Status.WARN, Status.CRITICAL),
+            "a kernel log rule matched (an event; see the kernel log rules below)",
+        )
+    },
+)
 class KernelLogCheck(Check[KernelLogObservation, KernelLogConfig]):
     """Kernel log: MCE, hung tasks, lockups, PCIe AER, Lustre evictions, NFS, fs errors."""
 

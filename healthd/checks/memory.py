@@ -10,6 +10,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -63,7 +64,26 @@ def parse_memtotal_kib(meminfo: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=300, timeout=5)
+@register(
+    name=NAME,
+    tiers=(Tier.LAUNCH, Tier.PERIODIC),
+    interval=300,
+    timeout=5,
+    faults={
+        "mem.total.low": Fault(
+            Status.CRITICAL, "MemTotal below expected_gib minus tolerance_percent"
+        ),
+        "mem.edac.ue": Fault(
+            Status.CRITICAL,
+            "a memory controller's ue_count is above 0 (uncorrected errors since boot)",
+        ),
+        "mem.edac.ce_rate": Fault(
+            Status.WARN,
+            "a controller's corrected errors per hour since the last run exceed ce_per_hour",
+        ),
+        "check.read_error": Fault(Status.UNKNOWN, "/proc/meminfo has no MemTotal"),
+    },
+)
 class MemoryCheck(Check[MemoryObservation, MemoryConfig]):
     """Memory size against expectation; EDAC uncorrected errors and corrected-error rate."""
 

@@ -9,6 +9,7 @@ from healthd.checks.base import (
     Check,
     CheckConfig,
     CheckContext,
+    Fault,
     Result,
     Status,
     Tier,
@@ -57,7 +58,17 @@ def _state(stat: str | None) -> str | None:
     return rest[0] if rest else None
 
 
-@register(name=NAME, tiers=(Tier.LAUNCH, Tier.PERIODIC), interval=60, timeout=5)
+@register(
+    name=NAME,
+    tiers=(Tier.LAUNCH, Tier.PERIODIC),
+    interval=60,
+    timeout=5,
+    faults={
+        "service.down": Fault(
+            Status.CRITICAL, "no live (non-zombie) process with the service's name"
+        )
+    },
+)
 class ServicesCheck(Check[ServicesObservation, ServicesConfig]):
     """Required services (munged, nvidia-persistenced, optionally nv-fabricmanager) run."""
 

@@ -18,8 +18,10 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Dialect,
+    ForeignKey,
     Index,
     Integer,
     MetaData,
@@ -27,6 +29,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -252,3 +255,85 @@ class EventRow(Base):
             evidence=dict(self.evidence),
             source=self.source,
         )
+
+
+# -- RMA tickets (schema version 3; the API is remediation.tickets) -------------------------
+
+RMA_STATE_LEN = 16
+_NOT_CLOSED = text("state <> 'closed'")
+
+
+class RmaTicketRow(Base):
+    __tablename__ = "rma_tickets"
+    __table_args__ = (
+        # At most one ticket that is not closed per node and fault class.
+        Index(
+            "ux_rma_tickets_open_node_fault_class",
+            "node",
+            "fault_class",
+            unique=True,
+            sqlite_where=_NOT_CLOSED,
+            postgresql_where=_NOT_CLOSED,
+        ),
+        Index(None, "state", "node"),
+        Index(None, "node", "requalify"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(id_type(), primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(NODE_LEN))
+    state: Mapped[str] = mapped_column(String(RMA_STATE_LEN))
+    fault_class: Mapped[str] = mapped_column(String(NAME_LEN))
+    summary: Mapped[str] = mapped_column(Text)
+    gpus: Mapped[list[dict[str, Any]]] = mapped_column(json_type())
+    evidence: Mapped[dict[str, Any]] = mapped_column(json_type())
+    resolution: Mapped[str] = mapped_column(String(RMA_STATE_LEN))  # "", replaced, cancelled
+    requalify: Mapped[bool] = mapped_column(Boolean)  # closed; the node must re-qualify
+    external_id: Mapped[str] = mapped_column(String(255))
+    external_url: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class RmaAuditRow(Base):
+    __tablename__ = "rma_audit"
+    __table_args__ = (Index(None, "ticket_id", "id"),)
+
+    id: Mapped[int] = mapped_column(id_type(), primary_key=True, autoincrement=True)
+    ticket_id: Mapped[int] = mapped_column(
+        id_type(), ForeignKey("rma_tickets.id", ondelete="CASCADE")
+    )
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    actor: Mapped[str] = mapped_column(String(NODE_LEN))
+    from_state: Mapped[str | None] = mapped_column(String(RMA_STATE_LEN))  # None: created
+    to_state: Mapped[str] = mapped_column(String(RMA_STATE_LEN))
+    note: Mapped[str] = mapped_column(Text)
+
+
+class RmaOutboxRow(Base):
+    """One webhook notification, written in the transaction that made the change, so a
+    crash before the POST does not lose it."""
+
+    __tablename__ = "rma_outbox"
+    __table_args__ = (
+        UniqueConstraint("delivery_id"),
+        Index(None, "state", "id"),
+        Index(None, "ticket_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(id_type(), primary_key=True, autoincrement=True)
+    ticket_id: Mapped[int] = mapped_column(
+        id_type(), ForeignKey("rma_tickets.id", ondelete="CASCADE")
+    )
+    delivery_id: Mapped[str] = mapped_column(String(36))  # uuid4; X-Medic-Delivery
+    event: Mapped[str] = mapped_column(String(32))  # ticket.opened, ticket.transition
+    payload: Mapped[dict[str, Any]] = mapped_column(json_type())
+    state: Mapped[str] = mapped_column(String(RMA_STATE_LEN))  # pending, delivered, failed
+    attempts: Mapped[int] = mapped_column(Integer)
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime())  # also the claim lease
+    last_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -1,0 +1,621 @@
+"""`medic events|jobs|remediation|config`, and what every admin command shares: the config
+and store options, aligned tables, errors in three lines (what, why, what to do) and the exit
+codes (0 ok, 1 problem found or refused, 2 usage or configuration error).
+
+`medic nodes` and `medic node ...` live in cli/nodes.py and use the same helpers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import click
+from sqlalchemy import select
+
+from medic_core.config import ConfigError, MedicConfig, load_config
+from medic_core.store import BadStoreURL, Event, Store, StoreError, open_store, store_settings
+from medic_core.store.engine import parse_url
+from medic_core.store.models import EventRow
+from remediation import episodes as ep
+from remediation.policy import Rung
+from slurm_hooks.actions import slurm_env
+from slurm_hooks.resilient import parse_resilient
+from slurm_hooks.settings import HookSettings
+from slurm_hooks.slurm import CliSlurm, JobInfo, SlurmError
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class AdminError(click.ClickException):
+    """An error an operator can act on: what went wrong, why, and what to do, one line each."""
+
+    def __init__(self, what: str, why: str = "", fix: str = "", code: int = EXIT_PROBLEM) -> None:
+        super().__init__(what)
+        self.why = why
+        self.fix = fix
+        self.exit_code = code
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"medic: {self.message}", err=True)
+        if self.why:
+            click.echo(f"  why: {self.why}", err=True)
+        if self.fix:
+            click.echo(f"  fix: {self.fix}", err=True)
+
+
+def warn(what: str, why: str = "", fix: str = "") -> None:
+    click.echo(f"medic: warning: {what}", err=True)
+    if why:
+        click.echo(f"  why: {why}", err=True)
+    if fix:
+        click.echo(f"  fix: {fix}", err=True)
+
+
+# --- shared options -------------------------------------------------------------------------
+
+
+def config_option(f: F) -> F:
+    return click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar="MEDIC_CONFIG",
+        help="medic.toml (default: $MEDIC_CONFIG or /etc/medic/medic.toml).",
+    )(f)
+
+
+def store_option(f: F) -> F:
+    return click.option(
+        "--store",
+        "store_url",
+        metavar="URL",
+        help="Store URL, instead of [store] url from the config.",
+    )(f)
+
+
+def json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
+        f
+    )
+
+
+def load(config_path: Path | None) -> MedicConfig:
+    try:
+        return load_config(config_path)
+    except ConfigError as exc:
+        raise AdminError(
+            "cannot read the configuration",
+            str(exc),
+            "fix the file, or name another with --config",
+            EXIT_USAGE,
+        ) from exc
+
+
+@contextmanager
+def opened_store(config: MedicConfig, url: str | None) -> Iterator[Store]:
+    """The store the config (or `url`) names. A SQLite file that does not exist is refused
+    rather than created: an empty new database would only show an empty fleet."""
+    if url is None:
+        try:
+            url = store_settings(config).url
+        except ConfigError as exc:
+            raise AdminError(
+                "the configuration has a bad [store] table", str(exc), "fix it or pass --store URL",
+                EXIT_USAGE,
+            ) from exc  # fmt: skip
+    try:
+        parsed = parse_url(url)
+    except BadStoreURL as exc:
+        raise AdminError(f"bad store URL {url!r}", exc.problem, exc.fix, EXIT_USAGE) from exc
+    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").exists():
+        raise AdminError(
+            f"no store at {parsed.database}",
+            "no medic-healthd has written there (wrong config, or not this host's store)",
+            "pass --config with the fleet's medic.toml, or --store URL",
+        )
+    try:
+        store = open_store(parsed)
+    except StoreError as exc:
+        raise AdminError(
+            "cannot open the store", str(exc), "check [store] url and the database server"
+        ) from exc
+    with store:
+        yield store
+
+
+def slurm_client(config: MedicConfig) -> CliSlurm:
+    """Slurm's commands with SLURM_CONF from the config's `[slurm] conf`."""
+    try:
+        timeout = HookSettings.from_config(config).slurm_timeout
+    except ConfigError as exc:
+        raise AdminError("the configuration has a bad [hooks] table", str(exc), "fix it",
+                         EXIT_USAGE) from exc  # fmt: skip
+    return CliSlurm(env=slurm_env(config), timeout=timeout)
+
+
+def actor() -> str:
+    """Who runs this command (the user behind sudo, when there is one)."""
+    return os.environ.get("SUDO_USER") or getpass.getuser()
+
+
+# --- output ---------------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """Left-aligned columns two spaces apart; the last column is not padded."""
+    cells = [list(headers), *([str(c) for c in row] for row in rows)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    out = []
+    for row in cells:
+        parts = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
+        out.append("  ".join([*parts, row[-1]]).rstrip())
+    return out
+
+
+def echo_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    for line in table(headers, rows):
+        click.echo(line)
+
+
+def echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return iso(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return sorted(value) if isinstance(value, (set, frozenset)) else list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def iso(value: dt.datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def when(value: dt.datetime | None) -> str:
+    """UTC, to the second, as a table shows times."""
+    if value is None:
+        return "-"
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def age(value: dt.datetime | None, now: dt.datetime) -> str:
+    """`45s`, `12m`, `3h20m`, `2d4h`: how long ago."""
+    if value is None:
+        return "-"
+    seconds = max(0, int((now - value).total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours}h" if hours else f"{days}d"
+
+
+def rung_name(rung: int) -> str:
+    try:
+        return Rung(rung).word
+    except ValueError:
+        return str(rung)
+
+
+def clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+_DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str, now: dt.datetime) -> dt.datetime:
+    """`90s`, `30m`, `1h`, `2d`, `1w`, or an ISO time (without a zone: local time)."""
+    match = _DURATION.match(text.strip().lower())
+    if match:
+        return now - dt.timedelta(seconds=int(match.group(1)) * _UNIT[match.group(2)])
+    try:
+        value = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither a duration (30m, 1h, 2d, 1w) nor an ISO time "
+            "(2025-03-01T04:00); give one of those"
+        ) from None
+    return value if value.tzinfo else value.astimezone()
+
+
+def event_json(e: Event) -> dict[str, Any]:
+    return {
+        "id": e.id,
+        "at": iso(e.at),
+        "node": e.node,
+        "kind": e.kind,
+        "severity": e.severity.value,
+        "fault_class": e.fault_class,
+        "target": e.target,
+        "message": e.message,
+        "source": e.source,
+        "evidence": e.evidence,
+    }
+
+
+def event_rows(events: Iterable[Event], with_node: bool = True) -> list[list[str]]:
+    rows = []
+    for e in events:
+        row = [when(e.at)]
+        if with_node:
+            row.append(e.node)
+        row += [e.kind, e.severity.value, e.fault_class or "-", e.target or "-", clip(e.message, 80)]
+        rows.append(row)
+    return rows
+
+
+EVENT_HEADERS = ("TIME", "NODE", "KIND", "SEVERITY", "FAULT", "TARGET", "MESSAGE")
+
+
+def now_utc() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+# --- medic events ---------------------------------------------------------------------------
+
+
+@click.command("events")
+@click.option("--since", "since_text", default="24h", show_default=True,
+              help="How far back: 30m, 1h, 2d, 1w, or an ISO time.")  # fmt: skip
+@click.option("--node", help="Only this node's events.")
+@click.option("--kind", help="Only events of this kind (gpu_xid, kernel_log, gate, job_action, "
+              "remediation, admin, ...).")  # fmt: skip
+@click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000),
+              help="At most this many, newest first.")  # fmt: skip
+@json_option
+@store_option
+@config_option
+def events(
+    since_text: str,
+    node: str | None,
+    kind: str | None,
+    limit: int,
+    as_json: bool,
+    store_url: str | None,
+    config_path: Path | None,
+) -> None:
+    """What happened: events from the store, newest first."""
+    now = now_utc()
+    since = parse_since(since_text, now)
+    config = load(config_path)
+    with opened_store(config, store_url) as store:
+        found = store.events(node=node, since=since, kind=kind, limit=limit)
+    if as_json:
+        echo_json([event_json(e) for e in found])
+        return
+    if not found:
+        click.echo(f"no events since {when(since)}")
+        return
+    echo_table(EVENT_HEADERS, event_rows(found))
+    if len(found) == limit:
+        click.echo(f"(the newest {limit}; --limit or --since for more)")
+
+
+# --- medic jobs -----------------------------------------------------------------------------
+
+JOB_EVENT_KINDS = ("job_action", "gate")
+
+
+def job_events(store: Store, job_ids: Sequence[str], since: dt.datetime) -> dict[str, list[Event]]:
+    """job_action and gate events of these jobs since `since`, oldest first, by job id."""
+    by_job: dict[str, list[Event]] = {j: [] for j in job_ids}
+    if not job_ids:
+        return by_job
+    query = (
+        select(EventRow)
+        .where(EventRow.kind.in_(JOB_EVENT_KINDS), EventRow.at >= since)
+        .where(EventRow.target.in_([f"job:{j}" for j in job_ids]))
+        .order_by(EventRow.at, EventRow.id)
+    )
+    with store.engine.connect() as conn:
+        rows = conn.execute(query).all()
+    for row in rows:
+        m = row._mapping
+        event = Event(
+            id=int(m["id"]), node=m["node"], at=_aware(m["at"]), kind=m["kind"],
+            fault_class=m["fault_class"], target=m["target"], severity=m["severity"],
+            message=m["message"], evidence=dict(m["evidence"] or {}), source=m["source"],
+        )  # fmt: skip
+        by_job[m["target"].removeprefix("job:")].append(event)
+    return by_job
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def job_json(job: JobInfo, allowed: int | None, history: Sequence[Event]) -> dict[str, Any]:
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "user": job.user,
+        "state": job.state,
+        "reason": job.reason,
+        "nodes": job.nodes,
+        "partition": job.partition,
+        "resilient": allowed is not None,
+        "restarts_allowed": allowed,
+        "restarts_used": job.restart_count,
+        "admin_comment": job.admin_comment,
+        "events": [event_json(e) for e in history],
+    }
+
+
+def _last_action(history: Sequence[Event]) -> str:
+    if not history:
+        return "-"
+    last = history[-1]
+    what = last.evidence.get("action") if last.kind == "job_action" else None
+    if last.kind == "gate":
+        what = "gate allowed" if last.evidence.get("allow") else "gate refused"
+    fault = f" ({last.fault_class})" if last.fault_class else ""
+    return f"{when(last.at)} {last.node}: {what or last.message}{fault}"
+
+
+@click.command("jobs")
+@click.option("--all", "show_all", is_flag=True, help="Every job, not only resilient ones.")
+@click.option("--since", "since_text", default="7d", show_default=True,
+              help="How far back to look for job_action and gate events.")  # fmt: skip
+@json_option
+@store_option
+@config_option
+def jobs(
+    show_all: bool,
+    since_text: str,
+    as_json: bool,
+    store_url: str | None,
+    config_path: Path | None,
+) -> None:
+    """Resilient jobs (the medic:resilient=N tag): restarts used, state, Medic's actions."""
+    now = now_utc()
+    since = parse_since(since_text, now)
+    config = load(config_path)
+    client = slurm_client(config)
+    try:
+        found = client.jobs()
+    except SlurmError as exc:
+        raise AdminError(
+            "cannot list jobs", str(exc), "check that slurmctld answers (squeue) and [slurm] conf"
+        ) from exc
+    listed = [(j, parse_resilient(j.comment)) for j in found]
+    if not show_all:
+        listed = [(j, n) for j, n in listed if n is not None]
+    with opened_store(config, store_url) as store:
+        history = job_events(store, [j.job_id for j, _ in listed], since)
+    if as_json:
+        echo_json([job_json(j, n, history[j.job_id]) for j, n in listed])
+        return
+    if not listed:
+        click.echo("no resilient jobs in the queue" if not show_all else "no jobs in the queue")
+        return
+    rows = []
+    for job, allowed in listed:
+        restarts = f"{job.restart_count}/{allowed}" if allowed is not None else "-"
+        rows.append(
+            [job.job_id, clip(job.name, 24), job.user, job.state, restarts, job.nodes or "-",
+             _last_action(history[job.job_id])]
+        )  # fmt: skip
+    echo_table(("JOB", "NAME", "USER", "STATE", "RESTARTS", "NODES", "LAST MEDIC ACTION"), rows)
+
+
+# --- medic remediation ----------------------------------------------------------------------
+
+
+@click.group("remediation")
+def remediation() -> None:
+    """The remediation ladder: what it is doing, and its fleet-wide pause switch."""
+
+
+def _control_json(control: ep.Control) -> dict[str, Any]:
+    return {
+        "paused": control.paused,
+        "reason": control.reason,
+        "actor": control.actor,
+        "since": iso(control.since),
+    }
+
+
+def _control_line(control: ep.Control, now: dt.datetime) -> str:
+    if not control.paused:
+        tail = f" (resumed {age(control.since, now)} ago by {control.actor})" if control.since else ""
+        return f"remediation: running{tail}"
+    return (
+        f"remediation: PAUSED since {when(control.since)} by {control.actor or '?'}: "
+        f"{control.reason or '(no reason given)'}"
+    )
+
+
+@remediation.command("status")
+@json_option
+@store_option
+@config_option
+def remediation_status(as_json: bool, store_url: str | None, config_path: Path | None) -> None:
+    """The pause switch and every open episode (node, state, rung, fault)."""
+    now = now_utc()
+    config = load(config_path)
+    with opened_store(config, store_url) as store:
+        episodes = ep.EpisodeStore(store)
+        control = episodes.control()
+        held = episodes.find(states=(*ep.OPEN_STATES, ep.NEEDS_HUMAN, ep.RMA))
+    latest: dict[str, ep.Episode] = {}
+    for e in held:
+        latest[e.node] = e  # by id: the newest wins
+    shown = sorted(
+        (e for e in latest.values() if e.open or e.state in (ep.NEEDS_HUMAN, ep.RMA)),
+        key=lambda e: e.opened_at,
+    )
+    if as_json:
+        echo_json(
+            {
+                **_control_json(control),
+                "episodes": [episode_json(e) for e in shown],
+            }
+        )
+        return
+    click.echo(_control_line(control, now))
+    if not shown:
+        click.echo("no open episodes")
+        return
+    open_count = sum(1 for e in shown if e.open)
+    click.echo(f"{open_count} open episodes, {len(shown) - open_count} waiting for a human or RMA")
+    echo_table(
+        ("EPISODE", "NODE", "STATE", "RUNG", "FAULT", "TARGET", "OPENED", "UPDATED"),
+        (
+            [str(e.id), e.node, e.state, rung_name(e.rung), e.fault_class, e.target or "-",
+             when(e.opened_at), f"{age(e.updated_at, now)} ago"]
+            for e in shown
+        ),
+    )  # fmt: skip
+
+
+def episode_json(e: ep.Episode, steps: Sequence[ep.Step] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": e.id,
+        "node": e.node,
+        "state": e.state,
+        "open": e.open,
+        "fault_class": e.fault_class,
+        "target": e.target,
+        "check": e.check,
+        "recommendation": e.recommendation,
+        "first_rung": rung_name(e.first_rung),
+        "rung": rung_name(e.rung),
+        "attempts": dict(e.attempts),
+        "message": e.message,
+        "failed_requalifications": e.failed_requalifications,
+        "ticket_id": e.ticket_id,
+        "opened_at": iso(e.opened_at),
+        "updated_at": iso(e.updated_at),
+        "closed_at": iso(e.closed_at),
+    }
+    if steps is not None:
+        out["steps"] = [
+            {
+                "id": s.id,
+                "rung": rung_name(s.rung),
+                "action": s.action,
+                "attempt": s.attempt,
+                "state": s.state,
+                "argv": list(s.argv),
+                "returncode": s.returncode,
+                "output": s.output,
+                "started_at": iso(s.started_at),
+                "ended_at": iso(s.ended_at),
+            }
+            for s in steps
+        ]
+    return out
+
+
+@remediation.command("pause")
+@click.option("--reason", required=True, help="Why (shown to everyone who asks for the status).")
+@store_option
+@config_option
+def remediation_pause(reason: str, store_url: str | None, config_path: Path | None) -> None:
+    """Stop every node's ladder from taking new actions (drains and requeues go on)."""
+    if not reason.strip():
+        raise AdminError("--reason is empty", "a pause must say why", "give --reason TEXT",
+                         EXIT_USAGE)  # fmt: skip
+    config = load(config_path)
+    with opened_store(config, store_url) as store:
+        control = ep.EpisodeStore(store).set_paused(True, reason, actor())
+    click.echo(_control_line(control, now_utc()))
+
+
+@remediation.command("resume")
+@click.option("--reason", default="", help="Why (optional).")
+@store_option
+@config_option
+def remediation_resume(reason: str, store_url: str | None, config_path: Path | None) -> None:
+    """Let the ladder act again."""
+    config = load(config_path)
+    with opened_store(config, store_url) as store:
+        control = ep.EpisodeStore(store).set_paused(False, reason, actor())
+    click.echo(_control_line(control, now_utc()))
+
+
+# --- medic config check ---------------------------------------------------------------------
+
+
+def check_config(config: MedicConfig) -> list[str]:
+    """Validate every table the way the daemon and hooks do; returns what was checked.
+    Raises ConfigError (one line: file, key, problem, fix)."""
+    from healthd.checks import load_check_configs
+    from healthd.daemon import DaemonSettings
+    from remediation.settings import RemediationSettings
+    from remediation.webhook import WebhookSettings
+
+    DaemonSettings.from_config(config)
+    checks = load_check_configs(config)
+    HookSettings.from_config(config)
+    RemediationSettings.from_config(config)
+    webhook = WebhookSettings.from_config(config)
+    store = store_settings(config)
+    conf = config.table("slurm").get("conf")
+    if conf is not None and not isinstance(conf, str):
+        raise ConfigError(config.source, "slurm.conf", f"expected a path, got {conf!r}",
+                          'give the path of slurm.conf, e.g. "/etc/slurm/slurm.conf"')  # fmt: skip
+    enabled = sum(1 for c in checks.values() if c.enabled)
+    return [
+        f"{enabled} of {len(checks)} checks enabled",
+        f"store {parse_url(store.url).render_as_string(hide_password=True)}",
+        "webhook " + ("on" if webhook else "off"),
+    ]
+
+
+@click.group("config")
+def config_group() -> None:
+    """Medic's configuration file."""
+
+
+@config_group.command("check")
+@config_option
+def config_check(config_path: Path | None) -> None:
+    """Load medic.toml and validate every table as the daemon does; OK or the error."""
+    try:
+        config = load_config(config_path)
+        summary = check_config(config)
+    except (ConfigError, ValueError) as exc:
+        click.echo(f"medic: {exc}", err=True)
+        raise SystemExit(EXIT_PROBLEM) from exc
+    source = config.source or "<built-in defaults: no config file>"
+    click.echo(f"OK {source}: {', '.join(summary)}")
+
+
+# `config` is the name operators type; `config_group` keeps the Python name free.
+config = config_group
+
+__all__ = [
+    "EXIT_OK",
+    "EXIT_PROBLEM",
+    "EXIT_USAGE",
+    "AdminError",
+    "config",
+    "events",
+    "jobs",
+    "remediation",
+]
