@@ -218,7 +218,7 @@ class Ladder:
         if self.store.control().paused or episode.state == ep.PAUSED:
             return episode
         if episode.state == ep.WAITING_IDLE:
-            if self.host.jobs_running():
+            if self.host.jobs_running() or self._cooling_down(episode):
                 return episode
             return self._act(episode)
         if episode.state == ep.ACTING:
@@ -228,6 +228,16 @@ class Ladder:
         if episode.state == ep.VERIFYING:
             return self._verify(episode)
         return episode
+
+    def _cooling_down(self, episode: ep.Episode) -> bool:
+        """A failed step is followed by its rung's cool-down before the next one."""
+        steps = self.store.steps(episode.id)
+        if not steps or steps[-1].ended_at is None:
+            return False
+        last = steps[-1]
+        ended = last.ended_at
+        wait = self.settings.cooldown.get(last.action, 0.0)
+        return ended is not None and (self.store.now() - ended).total_seconds() < wait
 
     def _act(self, episode: ep.Episode) -> ep.Episode:
         rung = Rung(episode.rung)

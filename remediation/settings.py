@@ -35,6 +35,12 @@ class RemediationSettings:
         default_factory=lambda: {"gpu_reset": 2, "driver_reload": 1, "reboot": 1},
         metadata=bounds(keys=RUNG_NAMES[:3], minimum=0, doc="attempts per rung before the next"),
     )
+    cooldown: dict[str, float] = field(
+        default_factory=lambda: {"gpu_reset": 0.0, "driver_reload": 60.0, "reboot": 600.0},
+        metadata=bounds(
+            keys=RUNG_NAMES[:3], minimum=0, doc="seconds after a failed rung before the next step"
+        ),
+    )
     first_rung: dict[str, str] = field(
         default_factory=dict,
         metadata=bounds(

@@ -304,3 +304,62 @@ def test_a_restart_mid_reset_counts_the_attempt_and_never_repeats_it_blindly(
     assert time.monotonic() - started < 30
     [step] = episodes.steps(episode.id)
     assert (step.state, step.attempt) == ("interrupted", 1)
+
+
+def _ladder(lab: Lab, store: Store, node: str, **settings: Any) -> tuple[Ladder, LabHost]:
+    host = LabHost(lab, node)
+    ladder = Ladder(
+        node,
+        ep.EpisodeStore(store),
+        CliSlurm(env=lab.env(), timeout=15),
+        host,
+        RemediationSettings(**settings),
+    )
+    return ladder, host
+
+
+XID_95 = Finding("gpu_xid", Status.CRITICAL, "gpu.xid.95", "3", "XID 95", "gpu_reset")
+
+
+def test_a_lemon_node_goes_straight_to_rma(lab: Lab, store: Store) -> None:
+    episodes = ep.EpisodeStore(store)
+    for _ in range(2):  # two earlier episodes this week, both resolved
+        done = episodes.open_episode(
+            "n2",
+            state=ep.WAITING_IDLE,
+            fault_class="gpu.xid.95",
+            target="3",
+            check="gpu_xid",
+            recommendation="gpu_reset",
+            rung=1,
+            message="earlier",
+            evidence={},
+        )
+        episodes.update(done.id, state=ep.RESOLVED)
+    ladder, _ = _ladder(lab, store, "n2")
+    assert ladder.lemon_score().is_lemon
+    admission = ladder.admit([XID_95])
+    assert admission.episode is not None and admission.episode.rung == int(Rung.RMA)
+    assert "lemon" in admission.why
+    episode = ladder.tick()
+    assert episode is not None and episode.state == ep.RMA
+    assert episodes.steps(episode.id) == []  # no reset was tried
+
+
+def test_dry_run_records_and_does_nothing(lab: Lab, store: Store) -> None:
+    ladder, host = _ladder(lab, store, "n3", dry_run=True)
+    admission = ladder.admit([XID_95])
+    episode = ladder.tick()
+    assert episode is not None and episode.state == ep.NEEDS_HUMAN
+    assert ep.EpisodeStore(store).steps(episode.id) == []
+    assert any("dry run: would start gpu_reset" in m for m in host.events)
+    assert admission.drain  # the drain is still wanted: a sick node must not take jobs
+
+
+def test_pause_switch_stops_the_ladder(lab: Lab, store: Store) -> None:
+    ladder, _ = _ladder(lab, store, "n4")
+    ep.EpisodeStore(store).set_paused(True, "maintenance window", "alice")
+    admission = ladder.admit([XID_95])
+    assert admission.episode is not None and admission.episode.state == ep.PAUSED
+    assert "alice" in admission.why
+    assert ladder.tick() is not None and ep.EpisodeStore(store).steps(admission.episode.id) == []

@@ -140,6 +140,7 @@ def render_medic_conf(layout: LabLayout, python: str = "python3") -> str:
             f'gpu_reset = [{repair}, "gpu-reset", "--node", "{{node}}", "--gpu", "{{gpu}}"]',
             f'driver_reload = [{repair}, "driver-reload", "--node", "{{node}}"]',
             "action_timeout = 30.0",
+            "cooldown = { gpu_reset = 0.0, driver_reload = 1.0, reboot = 1.0 }",
             "reboot_timeout = 120.0",
             "",
         ]

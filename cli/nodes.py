@@ -1,0 +1,682 @@
+"""`medic nodes` (which nodes are out, why, and what Medic is doing about them) and
+`medic node show|drain|resume|reboot NODE`.
+
+`fleet()` is the function behind `medic nodes`: Slurm's node list joined with the store in
+three queries whatever the fleet's size (bench/cli_nodes.py times it on 10,000 nodes):
+the nodes that have conditions at all, the conditions that are not OK, and each node's
+newest remediation episode.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+from sqlalchemy import func, select
+
+from cli.admin import (
+    EVENT_HEADERS,
+    EXIT_PROBLEM,
+    EXIT_USAGE,
+    AdminError,
+    actor,
+    age,
+    clip,
+    config_option,
+    echo_json,
+    echo_table,
+    episode_json,
+    event_json,
+    event_rows,
+    iso,
+    json_option,
+    load,
+    now_utc,
+    opened_store,
+    rung_name,
+    slurm_client,
+    store_option,
+    warn,
+    when,
+)
+from medic_core.status import Status, worst
+from medic_core.store import Severity, Store
+from medic_core.store.models import ConditionRow
+from remediation import episodes as ep
+from slurm_hooks.drain_reason import is_medic_reason, parse_reason
+from slurm_hooks.slurm import NodeInfo, SlurmError
+
+NOT_OK = (Status.WARN.value, Status.CRITICAL.value, Status.UNKNOWN.value)
+NO_DATA = "NO_DATA"  # no condition in the store: no medic-healthd has reported
+# Slurm states and flags that take a node out of service.
+OUT_STATES = frozenset({"DOWN", "FAIL", "ERROR", "UNKNOWN", "FUTURE"})
+OUT_FLAGS = frozenset(
+    {"DRAIN", "FAIL", "NOT_RESPONDING", "MAINTENANCE", "REBOOT_REQUESTED", "REBOOT_ISSUED"}
+)
+SLURM_PERMISSION_FIX = (
+    "Slurm decides who may: run as root or SlurmUser, or as a user with AdminLevel=Operator"
+)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A condition that is not OK."""
+
+    type: str
+    target: str
+    status: str
+    reason: str
+    since: dt.datetime
+
+    @property
+    def label(self) -> str:
+        where = f"gpu{self.target}" if self.target.isdigit() else self.target
+        return f"{self.reason or self.type}@{where}" if where else self.reason or self.type
+
+
+@dataclass(frozen=True)
+class EpisodeBrief:
+    id: int
+    state: str
+    rung: int
+    fault_class: str
+    target: str
+    opened_at: dt.datetime
+    updated_at: dt.datetime
+
+    @property
+    def open(self) -> bool:
+        return self.state in ep.OPEN_STATES
+
+
+@dataclass
+class NodeView:
+    node: str
+    slurm: NodeInfo | None  # None: the store knows the node, Slurm does not (or not asked)
+    health: str = NO_DATA
+    faults: list[Fault] = field(default_factory=list)
+    episode: EpisodeBrief | None = None  # the newest, unless it was resolved
+
+    @property
+    def slurm_state(self) -> str:
+        if self.slurm is None:
+            return "?"
+        return "+".join([self.slurm.state, *sorted(self.slurm.flags)])
+
+    @property
+    def drain_reason(self) -> str:
+        return self.slurm.reason if self.slurm is not None else ""
+
+    @property
+    def drained_by(self) -> str | None:
+        if not self.drain_reason:
+            return None
+        return "medic" if is_medic_reason(self.drain_reason) else "other"
+
+    @property
+    def out_of_service(self) -> bool:
+        s = self.slurm
+        return s is not None and (s.state in OUT_STATES or bool(s.flags & OUT_FLAGS))
+
+    @property
+    def since(self) -> dt.datetime | None:
+        """Since when the node is in trouble: its open episode, else its worst fault."""
+        if self.episode is not None:
+            return self.episode.opened_at
+        worst = [f.since for f in self.faults if f.status == self.health]
+        return min(worst) if worst else None
+
+    @property
+    def attention(self) -> bool:
+        """Out of service, not healthy, or with an episode a human should know about."""
+        healthy = self.health in (Status.OK.value, NO_DATA)
+        return self.out_of_service or not healthy or self.episode is not None
+
+    def fault_classes(self) -> set[str]:
+        found = {f.reason or f.type for f in self.faults}
+        if self.episode is not None:
+            found.add(self.episode.fault_class)
+        ours = parse_reason(self.drain_reason)
+        if ours is not None:
+            found.add(ours.fault_class)
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.slurm
+        e = self.episode
+        return {
+            "node": self.node,
+            "slurm_state": s.state if s else None,
+            "slurm_flags": sorted(s.flags) if s else [],
+            "partitions": list(s.partitions) if s else [],
+            "health": self.health,
+            "faults": [
+                {
+                    "type": f.type,
+                    "target": f.target,
+                    "status": f.status,
+                    "reason": f.reason,
+                    "since": iso(f.since),
+                }
+                for f in self.faults
+            ],
+            "episode": None
+            if e is None
+            else {
+                "id": e.id,
+                "state": e.state,
+                "rung": rung_name(e.rung),
+                "fault_class": e.fault_class,
+                "target": e.target,
+                "opened_at": iso(e.opened_at),
+                "updated_at": iso(e.updated_at),
+            },
+            "drain_reason": self.drain_reason,
+            "drained_by": self.drained_by,
+            "out_of_service": self.out_of_service,
+            "attention": self.attention,
+            "since": iso(self.since),
+        }
+
+
+_SEVERITY = {s.value: s.severity for s in Status}
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """gpu2 before gpu10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def fleet(store: Store, slurm_nodes: Sequence[NodeInfo] | None) -> list[NodeView]:
+    """Every node Slurm or the store knows, with its health, faults and newest episode."""
+    conditions = ConditionRow.__table__
+    episodes = ep.episodes
+    newest = (
+        select(func.max(episodes.c.id).label("id")).group_by(episodes.c.node).subquery("newest")
+    )
+    with store.engine.connect() as conn:
+        seen = set(conn.execute(select(conditions.c.node).distinct()).scalars())
+        bad = conn.execute(
+            select(
+                conditions.c.node, conditions.c.type, conditions.c.target,
+                conditions.c.status, conditions.c.reason, conditions.c.since,
+            ).where(conditions.c.status.in_(NOT_OK))
+        ).all()  # fmt: skip
+        latest = conn.execute(
+            select(
+                episodes.c.id, episodes.c.node, episodes.c.state, episodes.c.rung,
+                episodes.c.fault_class, episodes.c.target, episodes.c.opened_at,
+                episodes.c.updated_at,
+            )
+            .join(newest, newest.c.id == episodes.c.id)
+            .where(episodes.c.state != ep.RESOLVED)
+        ).all()  # fmt: skip
+    views: dict[str, NodeView] = {}
+    for info in slurm_nodes or ():
+        views[info.name] = NodeView(info.name, info)
+    for name in seen:
+        view = views.setdefault(name, NodeView(name, None))
+        view.health = Status.OK.value
+    for node, type_, target, status, reason, since in bad:
+        view = views.setdefault(node, NodeView(node, None))
+        view.faults.append(Fault(type_, target, status, reason, _aware(since)))
+        if _SEVERITY[status] > _SEVERITY.get(view.health, 0):
+            view.health = status
+    for row in latest:
+        view = views.setdefault(row.node, NodeView(row.node, None))
+        view.episode = EpisodeBrief(
+            int(row.id), row.state, int(row.rung), row.fault_class, row.target,
+            _aware(row.opened_at), _aware(row.updated_at),
+        )  # fmt: skip
+    for view in views.values():
+        view.faults.sort(key=lambda f: (-_SEVERITY[f.status], f.type, natural_key(f.target)))
+    return [views[name] for name in sorted(views, key=natural_key)]
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def select_views(
+    views: Iterable[NodeView],
+    *,
+    show_all: bool = False,
+    states: Sequence[str] = (),
+    partitions: Sequence[str] = (),
+    faults: Sequence[str] = (),
+) -> list[NodeView]:
+    """The nodes a listing shows: those needing attention (all with `show_all`), narrowed by
+    Slurm state or flag, partition, and fault class prefix."""
+    wanted_states = {_state_word(s) for s in states}
+    out = []
+    for v in views:
+        if not show_all and not v.attention:
+            continue
+        if wanted_states:
+            have = {v.slurm.state, *v.slurm.flags} if v.slurm else set()
+            if not wanted_states & have:
+                continue
+        if partitions and not (v.slurm and set(partitions) & set(v.slurm.partitions)):
+            continue
+        if faults and not any(c.startswith(p) for c in v.fault_classes() for p in faults if c):
+            continue
+        out.append(v)
+    return out
+
+
+def _state_word(text: str) -> str:
+    word = text.strip().upper()
+    return {"DRAINED": "DRAIN", "DRAINING": "DRAIN", "ALLOC": "ALLOCATED", "MIX": "MIXED"}.get(
+        word, word
+    )
+
+
+def _faults_cell(faults: Sequence[Fault]) -> str:
+    if not faults:
+        return "-"
+    labels = [f.label for f in faults]
+    shown = ",".join(labels[:2])
+    return shown + (f" +{len(labels) - 2}" if len(labels) > 2 else "")
+
+
+def _summary(views: Sequence[NodeView]) -> str:
+    total = len(views)
+    out = sum(1 for v in views if v.out_of_service)
+    by_medic = sum(1 for v in views if v.out_of_service and v.drained_by == "medic")
+    sick = sum(1 for v in views if v.health in NOT_OK)
+    episodes = sum(1 for v in views if v.episode is not None and v.episode.open)
+    return (
+        f"{total} nodes: {out} out of service ({by_medic} drained by Medic), "
+        f"{sick} not healthy, {episodes} being repaired"
+    )
+
+
+def report_json(
+    views: Sequence[NodeView],
+    shown: Sequence[NodeView],
+    control: ep.Control,
+    now: dt.datetime,
+    slurm: str = "ok",
+) -> dict[str, Any]:
+    """What `medic nodes --json` prints."""
+    return {
+        "generated_at": iso(now),
+        "remediation_paused": control.paused,
+        "remediation_pause_reason": control.reason,
+        "slurm": slurm,
+        "total": len(views),
+        "nodes": [v.to_json() for v in shown],
+    }
+
+
+def _slurm_nodes(config: Any, store_only: bool) -> list[NodeInfo] | None:
+    if store_only:
+        return None
+    try:
+        return slurm_client(config).nodes()
+    except SlurmError as exc:
+        warn(
+            "Slurm did not answer: listing the store's view only (STATE ?)",
+            str(exc),
+            "check slurmctld (sinfo) and [slurm] conf, or pass --no-slurm",
+        )
+        return None
+
+
+@click.command("nodes")
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Every node (default: only those out of service, unhealthy or in repair).",
+)
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    help="Slurm state or flag: idle, alloc, mixed, down, drain, ... (repeatable).",
+)
+@click.option("--partition", "partitions", multiple=True, help="Slurm partition (repeatable).")
+@click.option(
+    "--fault",
+    "faults",
+    multiple=True,
+    help="Fault class or its prefix: gpu.xid.79, gpu.xid, ib (repeatable).",
+)
+@click.option("--no-slurm", "store_only", is_flag=True, help="Do not ask Slurm; the store only.")
+@json_option
+@store_option
+@config_option
+def nodes(
+    show_all: bool,
+    states: tuple[str, ...],
+    partitions: tuple[str, ...],
+    faults: tuple[str, ...],
+    store_only: bool,
+    as_json: bool,
+    store_url: str | None,
+    config_path: Path | None,
+) -> None:  # fmt: skip
+    """Which nodes are out, why, and what Medic is doing about them."""
+    now = now_utc()
+    config = load(config_path)
+    with opened_store(config, store_url) as store:
+        slurm_nodes = _slurm_nodes(config, store_only)
+        views = fleet(store, slurm_nodes)
+        control = ep.EpisodeStore(store).control()
+    shown = select_views(
+        views, show_all=show_all, states=states, partitions=partitions, faults=faults
+    )
+    slurm_failed = slurm_nodes is None and not store_only
+    slurm = "unavailable" if slurm_failed else ("skipped" if store_only else "ok")
+    if as_json:
+        echo_json(report_json(views, shown, control, now, slurm))
+    else:
+        click.echo(_summary(views))
+        if control.paused:
+            click.echo(
+                f"remediation PAUSED since {when(control.since)} by {control.actor}: "
+                f"{control.reason}"
+            )
+        if shown:
+            echo_table(
+                ("NODE", "STATE", "HEALTH", "FAULTS", "EPISODE", "RUNG", "SINCE", "DRAIN REASON"),
+                (
+                    [
+                        v.node, v.slurm_state, v.health, _faults_cell(v.faults),
+                        v.episode.state if v.episode else "-",
+                        rung_name(v.episode.rung) if v.episode else "-",
+                        age(v.since, now), clip(v.drain_reason, 60) or "-",
+                    ]
+                    for v in shown
+                ),
+            )  # fmt: skip
+        filtered = bool(states or partitions or faults)
+        if not show_all and len(shown) < len(views) and not filtered:
+            click.echo(
+                f"({len(views) - len(shown)} more nodes healthy and in service; --all lists them)"
+            )
+        elif not shown:
+            click.echo("no node matches")
+    if slurm_failed:
+        raise SystemExit(EXIT_PROBLEM)
+
+
+# --- medic node ... -------------------------------------------------------------------------
+
+
+@click.group("node")
+def node() -> None:
+    """One node: show it, or drain, resume or reboot it through Slurm."""
+
+
+def _one_node(config: Any, name: str) -> NodeInfo | None:
+    try:
+        return slurm_client(config).node(name)
+    except SlurmError as exc:
+        raise AdminError(
+            f"cannot read {name}'s state from Slurm", str(exc),
+            "check slurmctld (sinfo) and [slurm] conf",
+        ) from exc  # fmt: skip
+
+
+@node.command("show")
+@click.argument("name")
+@click.option("--all", "show_all", is_flag=True, help="Every condition, the OK ones too.")
+@click.option("--events", "n_events", default=20, show_default=True, type=click.IntRange(0),
+              help="How many recent events.")  # fmt: skip
+@click.option("--episodes", "n_episodes", default=5, show_default=True, type=click.IntRange(0),
+              help="How many recent episodes, with their steps.")  # fmt: skip
+@json_option
+@store_option
+@config_option
+def show(
+    name: str,
+    show_all: bool,
+    n_events: int,
+    n_episodes: int,
+    as_json: bool,
+    store_url: str | None,
+    config_path: Path | None,
+) -> None:
+    """A node's Slurm state, conditions, recent events, and episodes with their steps."""
+    now = now_utc()
+    config = load(config_path)
+    info: NodeInfo | None = None
+    slurm_error = ""
+    try:
+        info = slurm_client(config).node(name)
+    except SlurmError as exc:
+        slurm_error = str(exc)
+        warn("Slurm did not answer: the store's view only", slurm_error, "check slurmctld")
+    with opened_store(config, store_url) as store:
+        conditions = store.conditions(node=name)
+        recent = store.events(node=name, limit=n_events) if n_events else []
+        episodes = ep.EpisodeStore(store)
+        found = episodes.find(node=name)[-n_episodes:][::-1] if n_episodes else []
+        steps = {e.id: episodes.steps(e.id) for e in found}
+    if info is None and not conditions and not recent and not found and not slurm_error:
+        raise AdminError(
+            f"no node {name!r}",
+            "Slurm does not list it and the store has nothing about it",
+            "check the name with `medic nodes --all` or `sinfo -N`",
+        )
+    view = NodeView(name, info)
+    view.faults = [
+        Fault(c.type, c.target, c.status.value, c.reason, c.since)
+        for c in conditions
+        if c.status.value in NOT_OK
+    ]
+    if conditions:
+        w = worst(c.status for c in conditions)
+        view.health = w.value if w.value in NOT_OK else Status.OK.value
+    if as_json:
+        echo_json(
+            {
+                **view.to_json(),
+                "conditions": [
+                    {"type": c.type, "target": c.target, "status": c.status.value,
+                     "reason": c.reason, "message": c.message, "evidence": c.evidence,
+                     "since": iso(c.since), "updated_at": iso(c.updated_at)}
+                    for c in conditions
+                ],
+                "events": [event_json(e) for e in recent],
+                "episodes": [episode_json(e, steps[e.id]) for e in found],
+            }
+        )  # fmt: skip
+        return
+    partitions = ",".join(info.partitions) if info else "?"
+    click.echo(f"{name}  state {view.slurm_state}  partitions {partitions}  health {view.health}")
+    if view.drain_reason:
+        by = f" (set by {info.reason_user})" if info and info.reason_user else ""
+        owner = "Medic's" if view.drained_by == "medic" else "not Medic's: Medic leaves it alone"
+        click.echo(f"drain reason: {view.drain_reason}{by} [{owner}]")
+    click.echo("")
+    listed = [c for c in conditions if show_all or c.status.value in NOT_OK]
+    listed.sort(key=lambda c: (-c.status.severity, c.type, natural_key(c.target)))
+    click.echo(f"conditions ({len(conditions)}):")
+    if listed:
+        echo_table(
+            ("  TYPE", "TARGET", "STATUS", "REASON", "SINCE", "UPDATED", "MESSAGE"),
+            (
+                ["  " + c.type, c.target or "-", c.status.value, c.reason or "-",
+                 when(c.since), f"{age(c.updated_at, now)} ago", clip(c.message, 70)]
+                for c in listed
+            ),
+        )  # fmt: skip
+    hidden = len(conditions) - len(listed)
+    if hidden:
+        click.echo(f"  ({hidden} OK or not applicable; --all to list them)")
+    click.echo("")
+    click.echo(f"episodes (newest {len(found)}):" if found else "episodes: none")
+    for e in found:
+        closed = f", closed {when(e.closed_at)}" if e.closed_at else ""
+        click.echo(
+            f"  #{e.id} {e.state}  {e.fault_class} {e.target or ''}  rung {rung_name(e.rung)}"
+            f" (first {rung_name(e.first_rung)})  opened {when(e.opened_at)}{closed}"
+        )
+        click.echo(f"     {clip(e.message, 100)}")
+        for s in steps[e.id]:
+            rc = "-" if s.returncode is None else str(s.returncode)
+            click.echo(
+                f"     step {s.id}: {rung_name(s.rung)} {s.action} attempt {s.attempt}"
+                f" {s.state} rc={rc} {when(s.started_at)}"
+                + (f" -> {when(s.ended_at)}" if s.ended_at else "")
+            )
+    click.echo("")
+    click.echo(f"recent events ({len(recent)}):" if recent else "recent events: none")
+    if recent:
+        headers = ["  " + EVENT_HEADERS[0], *EVENT_HEADERS[2:]]
+        echo_table(headers, (["  " + r[0], *r[1:]] for r in event_rows(recent, with_node=False)))
+
+
+reason_option = click.option("--reason", required=True, help="Why (kept in Slurm and the store).")
+force_option = click.option("--force", is_flag=True, help="Override the safety refusal.")
+
+
+def _check_reason(reason: str) -> str:
+    reason = " ".join(reason.split())
+    if not reason:
+        raise AdminError("--reason is empty", "every manual action must say why",
+                         "give --reason TEXT", EXIT_USAGE)  # fmt: skip
+    if is_medic_reason(reason):
+        raise AdminError(
+            "a reason starting with 'medic: ' is reserved",
+            "that prefix marks Medic's own drains, which Medic resumes by itself",
+            "write your own reason, e.g. --reason 'admin: reseat GPU 2 (ticket 1234)'",
+            EXIT_USAGE,
+        )
+    return reason
+
+
+def _record(config: Any, store_url: str | None, name: str, what: str, reason: str,
+            evidence: dict[str, Any]) -> None:  # fmt: skip
+    """An `admin` event for the node; a store that cannot be written only warns (Slurm has
+    already done the work)."""
+    try:
+        with opened_store(config, store_url) as store:
+            store.add_event(
+                name, at=now_utc(), kind="admin", severity=Severity.WARN,
+                source=f"cli:{actor()}", message=f"{what} by {actor()}: {reason}",
+                evidence={"action": what, "actor": actor(), "reason": reason, **evidence},
+            )  # fmt: skip
+    except (AdminError, ValueError) as exc:
+        warn(f"{name}: {what} done, but not recorded in the store", str(exc),
+             "check the store; the action itself is in slurmctld's log")  # fmt: skip
+
+
+def _slurm_action(what: str, name: str, action: Any) -> None:
+    try:
+        action()
+    except SlurmError as exc:
+        raise AdminError(f"Slurm refused to {what} {name}", str(exc), SLURM_PERMISSION_FIX) from exc
+
+
+def _must_exist(config: Any, name: str) -> NodeInfo:
+    info = _one_node(config, name)
+    if info is None:
+        raise AdminError(f"no node {name!r} in Slurm", "sinfo does not list it",
+                         "check the name with `sinfo -N`")  # fmt: skip
+    return info
+
+
+@node.command("drain")
+@click.argument("name")
+@reason_option
+@force_option
+@store_option
+@config_option
+def drain(name: str, reason: str, force: bool, store_url: str | None,
+          config_path: Path | None) -> None:  # fmt: skip
+    """Drain NAME with your reason (Medic never resumes a drain that is not its own)."""
+    reason = _check_reason(reason)
+    config = load(config_path)
+    info = _must_exist(config, name)
+    previous = info.reason if info.drained else ""
+    if previous and not is_medic_reason(previous) and not force:
+        raise AdminError(
+            f"{name} is already drained by someone else: {previous!r}",
+            "replacing it would lose their note",
+            "talk to them, or --force to replace the reason",
+        )
+    _slurm_action("drain", name, lambda: slurm_client(config).drain(name, reason))
+    _record(config, store_url, name, "drain", reason, {"previous_reason": previous})
+    click.echo(f"{name} drained: {reason}")
+    if is_medic_reason(previous):
+        click.echo(f"(it was Medic's drain: {previous}; Medic no longer resumes it)")
+
+
+@node.command("resume")
+@click.argument("name")
+@reason_option
+@force_option
+@store_option
+@config_option
+def resume(name: str, reason: str, force: bool, store_url: str | None,
+           config_path: Path | None) -> None:  # fmt: skip
+    """Return NAME to service. Refuses a drain that is not Medic's, or a node an open
+    remediation episode is repairing, unless --force."""
+    reason = " ".join(reason.split())
+    if not reason:
+        raise AdminError("--reason is empty", "every manual action must say why",
+                         "give --reason TEXT", EXIT_USAGE)  # fmt: skip
+    config = load(config_path)
+    info = _must_exist(config, name)
+    down = "DOWN" in (info.state, *info.flags)
+    if not info.drained and not down:
+        raise AdminError(f"{name} is not drained or down ({info.state})", "nothing to resume",
+                         "see `medic node show " + name + "`")  # fmt: skip
+    if info.reason and not is_medic_reason(info.reason) and not force:
+        by = f" (set by {info.reason_user})" if info.reason_user else ""
+        raise AdminError(
+            f"{name} was not drained by Medic: {info.reason!r}{by}",
+            "Medic resumes only its own drains; the owner of this one may still be working",
+            "ask them, or --force to resume anyway",
+        )
+    with opened_store(config, store_url) as store:
+        episode = ep.EpisodeStore(store).open_for(name)
+    if episode is not None and not force:
+        raise AdminError(
+            f"remediation episode #{episode.id} ({episode.state}, rung "
+            f"{rung_name(episode.rung)}) is repairing {name}",
+            "resuming now would put jobs on a node in the middle of a repair",
+            "wait for it (medic node show), pause remediation, or --force",
+        )
+    _slurm_action("resume", name, lambda: slurm_client(config).resume(name))
+    _record(config, store_url, name, "resume", reason,
+            {"previous_reason": info.reason, "forced": force})  # fmt: skip
+    click.echo(f"{name} resumed (was {'+'.join([info.state, *sorted(info.flags)])}: "
+               f"{info.reason or 'no reason'})")  # fmt: skip
+
+
+@node.command("reboot")
+@click.argument("name")
+@reason_option
+@click.option(
+    "--nextstate",
+    type=click.Choice(["RESUME", "DOWN"], case_sensitive=False),
+    default="RESUME",
+    show_default=True,
+    help="State after the reboot (DOWN: keep it out until someone resumes it).",
+)
+@store_option
+@config_option
+def reboot(name: str, reason: str, nextstate: str, store_url: str | None,
+           config_path: Path | None) -> None:  # fmt: skip
+    """Reboot NAME through Slurm as soon as its jobs are done (scontrol reboot ASAP)."""
+    reason = _check_reason(reason)
+    config = load(config_path)
+    _must_exist(config, name)
+    _slurm_action(
+        "reboot", name, lambda: slurm_client(config).reboot(name, reason, nextstate.upper())
+    )
+    _record(config, store_url, name, "reboot", reason, {"nextstate": nextstate.upper()})
+    click.echo(f"{name}: reboot requested (ASAP, then {nextstate.upper()}): {reason}")
+
+
+__all__ = ["NodeView", "fleet", "node", "nodes", "report_json", "select_views"]
