@@ -18,10 +18,18 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import click
-from sqlalchemy import select
+from sqlalchemy import make_url, select
 
 from medic_core.config import ConfigError, MedicConfig, load_config
-from medic_core.store import BadStoreURL, Event, Store, StoreError, open_store, store_settings
+from medic_core.store import (
+    BadStoreURL,
+    Event,
+    Severity,
+    Store,
+    StoreError,
+    open_store,
+    store_settings,
+)
 from medic_core.store.engine import parse_url
 from medic_core.store.models import EventRow
 from remediation import episodes as ep
@@ -45,7 +53,7 @@ class AdminError(click.ClickException):
         super().__init__(what)
         self.why = why
         self.fix = fix
-        self.exit_code = code
+        setattr(self, "exit_code", code)  # noqa: B010  (a ClassVar on ClickException)
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"medic: {self.message}", err=True)
@@ -86,9 +94,7 @@ def store_option(f: F) -> F:
 
 
 def json_option(f: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
-        f
-    )
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
 
 
 def load(config_path: Path | None) -> MedicConfig:
@@ -142,7 +148,12 @@ def slurm_client(config: MedicConfig) -> CliSlurm:
     except ConfigError as exc:
         raise AdminError("the configuration has a bad [hooks] table", str(exc), "fix it",
                          EXIT_USAGE) from exc  # fmt: skip
-    return CliSlurm(env=slurm_env(config), timeout=timeout)
+    env = slurm_env(config)
+    conf = env.get("SLURM_CONF")
+    if conf and not Path(conf).is_file():
+        # Slurm's commands would retry for a minute before saying so.
+        raise SlurmError(f"slurm.conf {conf} ([slurm] conf or $SLURM_CONF) does not exist")
+    return CliSlurm(env=env, timeout=timeout)
 
 
 def actor() -> str:
@@ -263,7 +274,13 @@ def event_rows(events: Iterable[Event], with_node: bool = True) -> list[list[str
         row = [when(e.at)]
         if with_node:
             row.append(e.node)
-        row += [e.kind, e.severity.value, e.fault_class or "-", e.target or "-", clip(e.message, 80)]
+        row += [
+            e.kind,
+            e.severity.value,
+            e.fault_class or "-",
+            e.target or "-",
+            clip(e.message, 80),
+        ]
         rows.append(row)
     return rows
 
@@ -337,7 +354,7 @@ def job_events(store: Store, job_ids: Sequence[str], since: dt.datetime) -> dict
         m = row._mapping
         event = Event(
             id=int(m["id"]), node=m["node"], at=_aware(m["at"]), kind=m["kind"],
-            fault_class=m["fault_class"], target=m["target"], severity=m["severity"],
+            fault_class=m["fault_class"], target=m["target"], severity=Severity(m["severity"]),
             message=m["message"], evidence=dict(m["evidence"] or {}), source=m["source"],
         )  # fmt: skip
         by_job[m["target"].removeprefix("job:")].append(event)
@@ -394,9 +411,8 @@ def jobs(
     now = now_utc()
     since = parse_since(since_text, now)
     config = load(config_path)
-    client = slurm_client(config)
     try:
-        found = client.jobs()
+        found = slurm_client(config).jobs()
     except SlurmError as exc:
         raise AdminError(
             "cannot list jobs", str(exc), "check that slurmctld answers (squeue) and [slurm] conf"
@@ -441,7 +457,9 @@ def _control_json(control: ep.Control) -> dict[str, Any]:
 
 def _control_line(control: ep.Control, now: dt.datetime) -> str:
     if not control.paused:
-        tail = f" (resumed {age(control.since, now)} ago by {control.actor})" if control.since else ""
+        tail = (
+            f" (resumed {age(control.since, now)} ago by {control.actor})" if control.since else ""
+        )
         return f"remediation: running{tail}"
     return (
         f"remediation: PAUSED since {when(control.since)} by {control.actor or '?'}: "
@@ -582,7 +600,7 @@ def check_config(config: MedicConfig) -> list[str]:
     enabled = sum(1 for c in checks.values() if c.enabled)
     return [
         f"{enabled} of {len(checks)} checks enabled",
-        f"store {parse_url(store.url).render_as_string(hide_password=True)}",
+        f"store {make_url(store.url).render_as_string(hide_password=True)}",
         "webhook " + ("on" if webhook else "off"),
     ]
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import click
 
+from cli.admin import config, events, jobs, remediation
 from cli.checks import checks
 from cli.ckpt import ckpt
 from cli.lab.commands import lab
+from cli.nodes import node, nodes
 from cli.sbatch import sbatch
 
 
@@ -19,6 +21,8 @@ def medic() -> None:
 medic.add_command(lab)
 medic.add_command(ckpt)
 medic.add_command(checks)
+for command in (nodes, node, events, jobs, remediation, config):
+    medic.add_command(command)
 medic.add_command(sbatch)
 
 

@@ -460,10 +460,11 @@ def show(
         episodes = ep.EpisodeStore(store)
         found = episodes.find(node=name)[-n_episodes:][::-1] if n_episodes else []
         steps = {e.id: episodes.steps(e.id) for e in found}
-    if info is None and not conditions and not recent and not found and not slurm_error:
+    if info is None and not conditions and not recent and not found:
+        slurm_said = "Slurm did not answer" if slurm_error else "Slurm does not list it"
         raise AdminError(
             f"no node {name!r}",
-            "Slurm does not list it and the store has nothing about it",
+            f"{slurm_said} and the store has nothing about it",
             "check the name with `medic nodes --all` or `sinfo -N`",
         )
     view = NodeView(name, info)
