@@ -253,8 +253,13 @@ class HealthDaemon:
         with self._record_lock:
             for outcome in report.outcomes:
                 conditions = merge_by_target(r for r in outcome.results if r.kind is Kind.CONDITION)
-                # An event without a fault class ("0 new kernel log records") is not news.
-                events = [r for r in outcome.results if r.kind is Kind.EVENT and r.fault_class]
+                # An event without a fault class ("0 new kernel log records") is not news; an
+                # OK one with a class in its evidence (an IGNORE-bucket XID) is history.
+                events = [
+                    r
+                    for r in outcome.results
+                    if r.kind is Kind.EVENT and (r.fault_class or r.evidence.get("fault_class"))
+                ]
                 previous = self._latest.get(outcome.name, (0.0, ()))[1]
                 self._latest[outcome.name] = (finished, tuple(conditions))
                 updates = [self._update(r) for r in conditions]
@@ -311,7 +316,7 @@ class HealthDaemon:
                         severity=SEVERITY_OF.get(event.status, Severity.INFO),
                         source=f"check:{event.check}",
                         message=event.message,
-                        fault_class=event.fault_class or "",
+                        fault_class=event.fault_class or str(event.evidence["fault_class"]),
                         target=event.target or "",
                         evidence=dict(event.evidence),
                     )

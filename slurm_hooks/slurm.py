@@ -1,38 +1,88 @@
-"""Medic's one interface to Slurm: read nodes and jobs, drain, resume, reboot, requeue,
-release, comment. Reads parse `sinfo --json` / `squeue --json`; writes go through
-`scontrol`. Every call is an argv list through medic_core.proc with a timeout; a failure
-raises SlurmError carrying Slurm's own message.
+"""Medic's one interface to Slurm: read nodes and jobs, drain, resume, reboot, requeue, hold,
+release, comment. `CliSlurm` reads `sinfo --json` / `squeue --json` and writes through
+`scontrol`; every call is an argv list through medic_core.proc with a timeout, and a failure
+raises SlurmError carrying Slurm's own one-line message.
+
+Slurm's JSON layout changes between releases; `meta` says which one a document uses and a
+parser per layout reads it (see docs/slurm-client.md):
+
+* openapi/v0.0.38 (22.05): `state` is one lower-case word plus a `state_flags` list; numbers
+  are plain integers.
+* data_parser v0.0.39 to v0.0.44 (23.02 to 25.11): `state` is a list of upper-case words;
+  times and counters may be `{"set": .., "infinite": .., "number": ..}` objects; from 23.11
+  `sinfo --json` groups nodes, so nodes are read from `scontrol show nodes --json` instead.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from medic_core import proc
 
 DEFAULT_BIN_DIRS = (Path("/usr/bin"), Path("/usr/local/bin"), Path("/opt/slurm/bin"))
+DEFAULT_TIMEOUT = 15.0
+
+# Base node states; every other word in a node's state is a flag (DRAIN, REBOOT_ISSUED, ...).
+NODE_BASE_STATES = frozenset(
+    {"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN", "END"}
+)
+REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
+JOB_BASE_STATES = frozenset(
+    {
+        "PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT",
+        "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
+    }
+)  # fmt: skip
+FINAL_JOB_STATES = JOB_BASE_STATES - {"PENDING", "RUNNING", "SUSPENDED"}
+# 22.05 prints one job state word and lets these flags win over the base state (Slurm's
+# job_state_string()); newer layouts list base and flags, so we pick the same word.
+_JOB_FLAG_PRECEDENCE = (
+    "COMPLETING", "CONFIGURING", "RESIZING", "RESV_DEL_HOLD", "REQUEUED", "REQUEUE_FED",
+    "REQUEUE_HOLD", "SPECIAL_EXIT", "STAGE_OUT", "STOPPED",
+)  # fmt: skip
+NEXT_STATES = ("RESUME", "DOWN")
 
 
 class SlurmError(RuntimeError):
-    """A Slurm command failed or printed what Medic cannot read; one line."""
+    """A Slurm command failed or printed what Medic cannot read; the message is one line."""
 
 
 @dataclass(frozen=True)
 class NodeInfo:
     name: str
-    state: str  # base state: IDLE, ALLOCATED, MIXED, DOWN, ...
-    flags: frozenset[str]  # DRAIN, REBOOT_REQUESTED, ...
+    state: str  # base state, upper case: IDLE, ALLOCATED, MIXED, DOWN, ...
+    flags: frozenset[str]  # DRAIN, REBOOT_REQUESTED, NOT_RESPONDING, ...
     reason: str = ""
     reason_user: str = ""
     partitions: tuple[str, ...] = ()
+    reason_time: int = 0  # epoch seconds the reason was set; 0 without a reason
+    gres: str = ""  # "gpu:8", as Slurm prints it
+    gres_used: str = ""
+    boot_time: int = 0
+
+    @property
+    def states(self) -> frozenset[str]:
+        """Base state and flags together, e.g. {"IDLE", "DRAIN"}."""
+        return self.flags | {self.state}
 
     @property
     def drained(self) -> bool:
+        """DRAIN is set: DRAINING while jobs run, DRAINED once idle."""
         return "DRAIN" in self.flags
+
+    @property
+    def down(self) -> bool:
+        return "DOWN" in self.states
+
+    @property
+    def reboot_pending(self) -> bool:
+        return bool(REBOOT_FLAGS & self.flags)
 
 
 @dataclass(frozen=True)
@@ -40,32 +90,46 @@ class JobInfo:
     job_id: str
     name: str
     user: str
-    state: str
-    reason: str
-    nodes: str
+    state: str  # RUNNING, PENDING, COMPLETING, ... (22.05's single word)
+    reason: str  # state_reason: None, JobHeldUser, launch_failed_requeued_held, ...
+    nodes: str  # Slurm's host list, e.g. "n[1-3]"; "" while pending
     requeue: bool
     restart_count: int
     comment: str = ""
     admin_comment: str = ""
     partition: str = ""
     description: str = ""  # state_description: "launch failed requeued held", ...
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    flags: frozenset[str] = frozenset()  # the job state's flags in newer layouts
+
+    @property
+    def node_names(self) -> list[str]:
+        return expand_hostlist(self.nodes)
+
+    @property
+    def held(self) -> bool:
+        return self.reason in ("JobHeldUser", "JobHeldAdmin") or "held" in self.description
 
 
 class SlurmClient(Protocol):
+    """What Medic needs from Slurm. `CliSlurm` implements it with Slurm's commands."""
+
     def nodes(self) -> list[NodeInfo]: ...
 
     def node(self, name: str) -> NodeInfo | None: ...
 
     def jobs(self, ids: Sequence[str] | None = None) -> list[JobInfo]: ...
 
-    def jobs_on(self, node: str) -> list[JobInfo]: ...
+    def jobs_on(self, node: str) -> list[JobInfo]:
+        """Jobs not yet finished that hold `node` (running, completing, suspended)."""
+        ...
 
     def drain(self, node: str, reason: str) -> None: ...
 
     def resume(self, node: str) -> None: ...
 
-    def reboot(self, node: str, reason: str, nextstate: str = "RESUME") -> None: ...
+    def reboot(self, node: str, reason: str, nextstate: str = "RESUME") -> None:
+        """`scontrol reboot ASAP nextstate=... reason=... node`: drains, reboots when idle."""
+        ...
 
     def requeue(self, job_id: str) -> None: ...
 
@@ -73,87 +137,193 @@ class SlurmClient(Protocol):
 
     def hold(self, job_id: str) -> None: ...
 
-    def start_now(self, job_id: str) -> None: ...
+    def start_now(self, job_id: str) -> None:
+        """Clear the BeginTime Slurm puts on a requeued job (cred_expire + 1 s)."""
+        ...
 
-    def set_admin_comment(self, job_id: str, text: str) -> None: ...
+    def set_admin_comment(self, job_id: str, text: str) -> None:
+        """The job's AdminComment (not Comment, which belongs to the user and carries
+        the `medic:resilient=N` tag)."""
+        ...
+
+
+# --- host lists ------------------------------------------------------------------------------
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas outside brackets: "a[1,3],b" -> ["a[1,3]", "b"]."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p]
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Slurm's host list syntax: "n[1-3,7],gpu-a[01-02]-ib" -> n1 n2 n3 n7 gpu-a01-ib ...
+    Zero padding is kept; several bracket groups in one name multiply."""
+    names: list[str] = []
+    for part in _split_top(hostlist.strip()):
+        match = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", part)
+        if not match:
+            names.append(part)
+            continue
+        prefix, ranges, rest = match.groups()
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            if not high:
+                values = [low]
+            else:
+                width = len(low) if low.startswith("0") else 0
+                values = [str(v).zfill(width) for v in range(int(low), int(high) + 1)]
+            for value in values:
+                names.extend(expand_hostlist(prefix + value + rest))
+    return names
 
 
 # --- parsing ---------------------------------------------------------------------------------
 
+LEGACY = "v0.0.38"  # Slurm 22.05
+SUPPORTED_LAYOUTS = (LEGACY, "v0.0.39", "v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44")
+
+
+def _load(text: str, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise SlurmError(f"{what}: not JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise SlurmError(f"{what}: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def layout_of(doc: Mapping[str, Any], what: str) -> str:
+    """The JSON layout `meta` reports: "v0.0.38" for 22.05 (meta.plugin.type
+    "openapi/v0.0.38"), meta.plugin.data_parser's version from 23.02 on. Unknown -> SlurmError."""
+    meta = doc.get("meta") or {}
+    plugin = meta.get("plugin") or meta.get("plugins") or {}
+    slurm = meta.get("Slurm") or meta.get("slurm") or {}
+    release = str(slurm.get("release") or "unknown release")
+    found = ""
+    for key in ("data_parser", "type"):
+        match = re.search(r"v0\.0\.\d+", str(plugin.get(key) or ""))
+        if match:
+            found = match.group(0)
+            break
+    if not found:
+        raise SlurmError(f"{what}: no layout version in meta.plugin (Slurm {release})")
+    if found not in SUPPORTED_LAYOUTS:
+        raise SlurmError(
+            f"{what}: unsupported JSON layout {found} (Slurm {release}); Medic reads "
+            f"{SUPPORTED_LAYOUTS[0]} to {SUPPORTED_LAYOUTS[-1]}"
+        )
+    return found
+
 
 def _number(value: Any) -> int:
-    """22.05 prints plain numbers; 23.02+ prints {"set": true, "number": n}."""
+    """22.05 prints plain numbers; newer layouts may print {"set": true, "number": n}."""
     if isinstance(value, Mapping):
-        return int(value.get("number", 0)) if value.get("set", True) else 0
+        return int(value.get("number") or 0) if value.get("set", True) else 0
     return int(value or 0)
 
 
-def _states(value: Any) -> list[str]:
-    """22.05: "IDLE" plus a separate state_flags list; 23.02+: ["IDLE", "DRAIN"]."""
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _words(value: Any) -> list[str]:
     if isinstance(value, list):
         return [str(v).upper() for v in value]
     return [str(value).upper()] if value else []
 
 
-def _data_parser(doc: Mapping[str, Any], what: str) -> str:
-    meta = doc.get("meta", {})
-    plugin = meta.get("plugin", {}) or meta.get("plugins", {})
-    parser = plugin.get("data_parser") or plugin.get("type") or ""
-    release = meta.get("Slurm", {}).get("release") or meta.get("slurm", {}).get("release", "")
-    if not parser and not release:
-        raise SlurmError(f"{what}: no meta.plugin/meta.Slurm in the JSON: not Slurm's output")
-    return str(parser or release)
+def _node_legacy(raw: Mapping[str, Any]) -> NodeInfo:
+    return NodeInfo(
+        name=str(raw["name"]),
+        state=_text(raw.get("state") or "unknown").upper(),
+        flags=frozenset(_words(raw.get("state_flags"))),
+        reason=_text(raw.get("reason")),
+        reason_user=_text(raw.get("reason_set_by_user")),
+        partitions=tuple(str(p) for p in raw.get("partitions") or ()),
+        reason_time=_number(raw.get("reason_changed_at")),
+        gres=_text(raw.get("gres")),
+        gres_used=_text(raw.get("gres_used")),
+        boot_time=_number(raw.get("boot_time")),
+    )
 
 
-def parse_sinfo(text: str) -> list[NodeInfo]:
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise SlurmError(f"sinfo --json: not JSON ({exc})") from exc
-    _data_parser(doc, "sinfo --json")
-    nodes = []
-    for raw in doc.get("nodes", []):
-        states = _states(raw.get("state"))
-        flags = set(states[1:]) | {str(f).upper() for f in raw.get("state_flags", [])}
-        nodes.append(
-            NodeInfo(
-                name=str(raw["name"]),
-                state=states[0] if states else "UNKNOWN",
-                flags=frozenset(flags),
-                reason=str(raw.get("reason") or ""),
-                reason_user=str(raw.get("reason_set_by_user") or ""),
-                partitions=tuple(str(p) for p in raw.get("partitions", [])),
-            )
-        )
-    return nodes
+def _node_flag_list(raw: Mapping[str, Any]) -> NodeInfo:
+    words = _words(raw.get("state"))
+    base = next((w for w in words if w in NODE_BASE_STATES), "UNKNOWN")
+    return NodeInfo(
+        name=str(raw["name"]),
+        state=base,
+        flags=frozenset(w for w in words if w != base),
+        reason=_text(raw.get("reason")),
+        reason_user=_text(raw.get("reason_set_by_user")),
+        partitions=tuple(str(p) for p in raw.get("partitions") or ()),
+        reason_time=_number(raw.get("reason_changed_at")),
+        gres=_text(raw.get("gres")),
+        gres_used=_text(raw.get("gres_used")),
+        boot_time=_number(raw.get("boot_time")),
+    )
 
 
-def parse_squeue(text: str) -> list[JobInfo]:
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise SlurmError(f"squeue --json: not JSON ({exc})") from exc
-    _data_parser(doc, "squeue --json")
-    jobs = []
-    for raw in doc.get("jobs", []):
-        states = _states(raw.get("job_state"))
-        jobs.append(
-            JobInfo(
-                job_id=str(raw["job_id"]),
-                name=str(raw.get("name", "")),
-                user=str(raw.get("user_name", "")),
-                state=states[0] if states else "UNKNOWN",
-                reason=str(raw.get("state_reason", "")),
-                nodes=str(raw.get("nodes", "")),
-                requeue=bool(raw.get("requeue", False)),
-                restart_count=_number(raw.get("restart_cnt", 0)),
-                comment=str(raw.get("comment") or ""),
-                admin_comment=str(raw.get("admin_comment") or ""),
-                partition=str(raw.get("partition", "")),
-                description=str(raw.get("state_description") or ""),
-            )
-        )
-    return jobs
+def _job_state(words: list[str]) -> tuple[str, frozenset[str]]:
+    base = next((w for w in words if w in JOB_BASE_STATES), words[0] if words else "UNKNOWN")
+    flags = frozenset(w for w in words if w != base)
+    shown = next((f for f in _JOB_FLAG_PRECEDENCE if f in flags), base)
+    return shown, flags
+
+
+def _job(raw: Mapping[str, Any]) -> JobInfo:
+    # The job fields Medic reads kept their names from v0.0.38 to v0.0.44; only job_state
+    # (a word, then a list) and restart_cnt (a number, maybe an object) changed shape.
+    state, flags = _job_state(_words(raw.get("job_state")))
+    return JobInfo(
+        job_id=str(raw["job_id"]),
+        name=_text(raw.get("name")),
+        user=_text(raw.get("user_name")),
+        state=state,
+        reason=_text(raw.get("state_reason")),
+        nodes=_text(raw.get("nodes")),
+        requeue=bool(raw.get("requeue", False)),
+        restart_count=_number(raw.get("restart_cnt")),
+        comment=_text(raw.get("comment")),
+        admin_comment=_text(raw.get("admin_comment")),
+        partition=_text(raw.get("partition")),
+        description=_text(raw.get("state_description")),
+        flags=flags,
+    )
+
+
+NODE_PARSERS: dict[str, Callable[[Mapping[str, Any]], NodeInfo]] = {
+    layout: (_node_legacy if layout == LEGACY else _node_flag_list) for layout in SUPPORTED_LAYOUTS
+}
+
+
+def parse_nodes(text: str, what: str = "sinfo --json") -> list[NodeInfo]:
+    """Nodes from `sinfo --json` (22.05, 23.02) or `scontrol show nodes --json` (23.02+)."""
+    doc = _load(text, what)
+    parser = NODE_PARSERS[layout_of(doc, what)]
+    if "nodes" not in doc:
+        keys = ", ".join(sorted(k for k in doc if k != "meta"))
+        raise SlurmError(f"{what}: no 'nodes' list (keys: {keys})")
+    return [parser(raw) for raw in doc["nodes"]]
+
+
+def parse_jobs(text: str, what: str = "squeue --json") -> list[JobInfo]:
+    doc = _load(text, what)
+    layout_of(doc, what)
+    return [_job(raw) for raw in doc.get("jobs") or ()]
+
+
+# Names the rest of Medic already imports.
+parse_sinfo = parse_nodes
+parse_squeue = parse_jobs
 
 
 # --- the CLI backend -------------------------------------------------------------------------
@@ -161,46 +331,70 @@ def parse_squeue(text: str) -> list[JobInfo]:
 
 class CliSlurm:
     """`SlurmClient` over Slurm's commands. Hooks get no PATH: binaries are looked up in
-    `bin_dirs`; `env` carries SLURM_CONF where the caller has one."""
+    `bin_dirs`. `env` is the whole environment of every command (HealthCheckProgram gets no
+    SLURM_CONF: the caller puts it there); None inherits this process's environment."""
 
     def __init__(
         self,
         env: Mapping[str, str] | None = None,
-        timeout: float = 15.0,
+        timeout: float = DEFAULT_TIMEOUT,
         bin_dirs: Iterable[Path] = DEFAULT_BIN_DIRS,
     ) -> None:
-        self.env = dict(env or {})
+        self.env = dict(os.environ if env is None else env)
         self.timeout = timeout
-        self.bin_dirs = tuple(bin_dirs)
+        self.bin_dirs = tuple(Path(d) for d in bin_dirs)
+        self._binaries: dict[str, str] = {}
+        # From 23.11 `sinfo --json` groups nodes by state; we then ask scontrol instead.
+        self._nodes_from_scontrol = False
 
     def _binary(self, name: str) -> str:
-        for directory in self.bin_dirs:
-            candidate = directory / name
-            if candidate.is_file():
-                return str(candidate)
-        where = ", ".join(str(d) for d in self.bin_dirs)
-        raise SlurmError(f"{name} not found in {where}: install slurm-client or set bin_dirs")
+        if name not in self._binaries:
+            for directory in self.bin_dirs:
+                candidate = directory / name
+                if candidate.is_file() and os.access(candidate, os.X_OK):
+                    self._binaries[name] = str(candidate)
+                    break
+            else:
+                where = ", ".join(str(d) for d in self.bin_dirs)
+                raise SlurmError(f"{name} not found in {where}: install slurm-client or set bin_dirs")
+        return self._binaries[name]
 
     def _run(self, name: str, *args: str) -> str:
         result = proc.run([self._binary(name), *args], timeout=self.timeout, env=self.env)
         if not result.ok:
-            raise SlurmError(f"{name} {' '.join(args[:3])}: {result.describe_failure()}")
+            raise SlurmError(f"{name} {' '.join(args[:4])}: {result.describe_failure()}")
         return result.stdout
 
     def nodes(self) -> list[NodeInfo]:
-        return parse_sinfo(self._run("sinfo", "--json"))
+        if self._nodes_from_scontrol:
+            return parse_nodes(self._run("scontrol", "show", "nodes", "--json"), "scontrol --json")
+        text = self._run("sinfo", "--json")
+        doc = _load(text, "sinfo --json")
+        if "nodes" not in doc and "sinfo" in doc:
+            layout_of(doc, "sinfo --json")
+            self._nodes_from_scontrol = True
+            return self.nodes()
+        return parse_nodes(text, "sinfo --json")
 
     def node(self, name: str) -> NodeInfo | None:
+        # 22.05's `sinfo --json` ignores -n: read all and pick.
         return next((n for n in self.nodes() if n.name == name), None)
 
     def jobs(self, ids: Sequence[str] | None = None) -> list[JobInfo]:
-        args = ["--json"] + (["--jobs", ",".join(ids)] if ids else [])
-        found = parse_squeue(self._run("squeue", *args))
-        return [j for j in found if ids is None or j.job_id in ids]
+        # 22.05's `squeue --json` ignores --jobs and --nodelist (it prints every job), and
+        # newer releases fail on an unknown id: filter here instead.
+        found = parse_jobs(self._run("squeue", "--json"))
+        if ids is None:
+            return found
+        wanted = {str(i) for i in ids}
+        return [j for j in found if j.job_id in wanted]
 
     def jobs_on(self, node: str) -> list[JobInfo]:
-        found = parse_squeue(self._run("squeue", "--json", "--nodelist", node))
-        return [j for j in found if j.state not in ("COMPLETED", "CANCELLED", "FAILED")]
+        return [
+            j
+            for j in self.jobs()
+            if j.state not in FINAL_JOB_STATES and j.state != "PENDING" and node in j.node_names
+        ]
 
     def drain(self, node: str, reason: str) -> None:
         self._run("scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}")
@@ -209,7 +403,11 @@ class CliSlurm:
         self._run("scontrol", "update", f"nodename={node}", "state=resume")
 
     def reboot(self, node: str, reason: str, nextstate: str = "RESUME") -> None:
-        self._run("scontrol", "reboot", "ASAP", f"nextstate={nextstate}", f"reason={reason}", node)
+        if nextstate.upper() not in NEXT_STATES:
+            raise ValueError(f"nextstate must be one of {', '.join(NEXT_STATES)}: {nextstate!r}")
+        self._run(
+            "scontrol", "reboot", "ASAP", f"nextstate={nextstate.upper()}", f"reason={reason}", node
+        )
 
     def requeue(self, job_id: str) -> None:
         self._run("scontrol", "requeue", job_id)

@@ -114,7 +114,7 @@ def test_resilient_job_survives_xid_79_from_its_last_checkpoint(lab: Lab, store:
 
 def test_non_resilient_job_is_not_requeued(lab: Lab, store: Store) -> None:
     lab.start_healthd("n1")
-    job_id = submit(lab, "-N1", "-w", "n1", "--wrap", "sleep 30")
+    job_id = submit(lab, "-N1", "-w", "n1", "--wrap", "sleep 600")
     poll("running", lambda: job(lab, job_id)["job_state"] == "RUNNING", timeout=10)
     lab.inject("n1", 5, ["xid=79"])
     poll("n1 draining", lambda: drained_by_medic(lab, "n1"), timeout=5)

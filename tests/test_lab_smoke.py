@@ -105,7 +105,7 @@ def test_node_reboot_through_reboot_program_returns_to_service(lab: Lab) -> None
             and not node["state_flags"]
         )
 
-    poll("n4 to reboot and return to service", rebooted, timeout=30)
+    poll("n4 to reboot and return to service", rebooted, timeout=60)
     new_pid = lab.nodes()[3].slurmd_pid
     assert new_pid is not None and new_pid != old_pid
     assert old_pid is not None and not pid_alive(old_pid)

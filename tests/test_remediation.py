@@ -363,3 +363,20 @@ def test_pause_switch_stops_the_ladder(lab: Lab, store: Store) -> None:
     assert admission.episode is not None and admission.episode.state == ep.PAUSED
     assert "alice" in admission.why
     assert ladder.tick() is not None and ep.EpisodeStore(store).steps(admission.episode.id) == []
+
+
+@pytest.mark.parametrize("xid", [63, 94])
+def test_application_and_ignorable_xids_start_nothing(lab: Lab, store: Store, xid: int) -> None:
+    """XID 63 (IGNORE: a page retirement recorded) and 94 (RESTART_APP: a contained ECC
+    error, the application's to restart) are recorded, and the node stays in service."""
+    lab.start_healthd("n1")
+    poll("first round", lambda: bool(store.conditions("n1", type="gpu_xid")), timeout=20)
+    lab.inject("n1", 3, [f"xid={xid}"])
+
+    def recorded() -> bool:
+        return any(e.fault_class == f"gpu.xid.{xid}" for e in store.events("n1"))
+
+    poll(f"XID {xid} recorded", recorded, timeout=10)
+    assert ep.EpisodeStore(store).find(node="n1") == []
+    assert "DRAIN" not in node_info(lab, "n1")["state_flags"]
+    assert store.conditions("n1", status="CRITICAL") == []
