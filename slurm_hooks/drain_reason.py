@@ -1,8 +1,9 @@
 """Medic's drain reasons, and the rule that Medic only drains and resumes what is its own.
 
-A Medic drain says `medic: <fault class> <where> <short evidence>` and fits Slurm's reason
-field; anything else (an admin's note, NHC's, Slurm's "Prolog error" on a node Medic did
-not drain) belongs to someone else and is never overwritten or resumed by Medic.
+A Medic drain says `medic: <fault class> <where> <short evidence>`, e.g.
+`medic: gpu.xid.79 gpu2 GPU has fallen off the bus`. Anything else (an admin's note, NHC's,
+Slurm's "Prolog error" or "Not responding") belongs to someone else: Medic never overwrites
+it and never resumes such a node (LBNL NHC's rule).
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ from enum import StrEnum
 from slurm_hooks.slurm import SlurmClient
 
 PREFIX = "medic: "
-MAX_REASON = 120  # Slurm keeps more; short reasons stay readable in `sinfo -R`
+# slurmctld keeps any length (1000 characters tested on 22.05), but slurmdbd stores a node
+# event's reason in a MySQL TINYTEXT (255 bytes) and `sinfo -R` shows 20 characters by
+# default: stay well under, counted in UTF-8 bytes.
+MAX_REASON = 128
+NODE_WIDE = "node"  # <where> of a fault that has no narrower target
+ELLIPSIS = "..."
 
 
 @dataclass(frozen=True)
@@ -23,19 +29,34 @@ class MedicReason:
     evidence: str
 
 
+def _word(text: str) -> str:
+    return "_".join(text.split())
+
+
+def _fit(text: str, limit: int) -> str:
+    """Cut `text` to `limit` UTF-8 bytes without splitting a character."""
+    return text.encode()[:limit].decode(errors="ignore")
+
+
 def format_reason(fault_class: str, where: str = "", evidence: str = "") -> str:
-    """`medic: gpu.xid.79 gpu2 GPU has fallen off the bus`, cut to MAX_REASON (evidence
-    first). Characters Slurm's reason field mangles are replaced."""
-    head = PREFIX + " ".join(p for p in (fault_class, _where(where)) if p)
+    """`medic: <fault class> <where> <evidence>` in at most MAX_REASON bytes; the evidence
+    is cut first. A bare GPU index becomes `gpuN`; an empty `where` is `node`. Whitespace
+    (newlines included) collapses to single spaces, and "=" becomes ":" so that tools that
+    split `scontrol show node` output on "=" keep the reason whole."""
+    where = _word(where)
+    where = f"gpu{where}" if where.isdigit() else (where or NODE_WIDE)
+    head = f"{PREFIX}{_word(fault_class) or 'unknown'} {where}"
+    if len(head.encode()) > MAX_REASON:
+        return _fit(head, MAX_REASON)
     text = " ".join(evidence.replace("=", ":").split())
-    room = MAX_REASON - len(head) - 1
-    if text and room > 3:
-        head += " " + (text if len(text) <= room else text[: room - 1] + "…")
-    return head[:MAX_REASON]
-
-
-def _where(target: str) -> str:
-    return f"gpu{target}" if target.isdigit() else target
+    if not text:
+        return head
+    room = MAX_REASON - len(head.encode()) - 1
+    if len(text.encode()) > room:
+        if room <= len(ELLIPSIS):
+            return head
+        text = _fit(text, room - len(ELLIPSIS)).rstrip() + ELLIPSIS
+    return f"{head} {text}"
 
 
 def is_medic_reason(reason: str | None) -> bool:
@@ -43,6 +64,7 @@ def is_medic_reason(reason: str | None) -> bool:
 
 
 def parse_reason(reason: str | None) -> MedicReason | None:
+    """The parts of a Medic reason; None for anyone else's."""
     if not reason or not is_medic_reason(reason):
         return None
     words = reason[len(PREFIX) :].split(" ", 2)
@@ -51,6 +73,8 @@ def parse_reason(reason: str | None) -> MedicReason | None:
 
 
 class DrainOutcome(StrEnum):
+    """What drain_if_allowed / resume_if_medic did, for the caller's log line."""
+
     DRAINED = "drained"
     ALREADY_MEDIC = "already drained by medic"
     NOT_OURS_KEPT = "drained by someone else: reason kept"
@@ -61,27 +85,29 @@ class DrainOutcome(StrEnum):
 
 
 def drain_if_allowed(client: SlurmClient, node: str, reason: str) -> DrainOutcome:
-    assert is_medic_reason(reason), reason
+    """Drain `node` with Medic's `reason` unless it is already out of service for a reason
+    someone else gave (kept as it is), or already drained by Medic (first evidence kept)."""
+    if not is_medic_reason(reason):
+        raise ValueError(f"not a Medic drain reason (must start with {PREFIX!r}): {reason!r}")
     info = client.node(node)
     if info is None:
         return DrainOutcome.UNKNOWN_NODE
-    if info.drained or "DOWN" in (info.state, *info.flags):
-        if not info.reason:
-            client.drain(node, reason)  # Slurm's own state without a reason: say why
-            return DrainOutcome.DRAINED
+    if (info.drained or info.down) and info.reason:
         if is_medic_reason(info.reason):
             return DrainOutcome.ALREADY_MEDIC
         return DrainOutcome.NOT_OURS_KEPT
+    # Not out of service, or out of service without a word of why: say why.
     client.drain(node, reason)
     return DrainOutcome.DRAINED
 
 
 def resume_if_medic(client: SlurmClient, node: str) -> DrainOutcome:
+    """Resume `node` only if Medic drained it (a DOWN node counts: `scontrol reboot
+    nextstate=DOWN` leaves Medic's reason on it)."""
     info = client.node(node)
     if info is None:
         return DrainOutcome.UNKNOWN_NODE
-    down = "DOWN" in (info.state, *info.flags)  # after `scontrol reboot nextstate=DOWN`
-    if not info.drained and not down:
+    if not info.drained and not info.down:
         return DrainOutcome.NOT_DRAINED
     if not is_medic_reason(info.reason):
         return DrainOutcome.NOT_OURS

@@ -356,13 +356,19 @@ class CliSlurm:
                     break
             else:
                 where = ", ".join(str(d) for d in self.bin_dirs)
-                raise SlurmError(f"{name} not found in {where}: install slurm-client or set bin_dirs")
+                raise SlurmError(
+                    f"{name} not found in {where}: install slurm-client or set bin_dirs"
+                )
         return self._binaries[name]
 
     def _run(self, name: str, *args: str) -> str:
         result = proc.run([self._binary(name), *args], timeout=self.timeout, env=self.env)
         if not result.ok:
-            raise SlurmError(f"{name} {' '.join(args[:4])}: {result.describe_failure()}")
+            detail = result.describe_failure()
+            last = result.stderr.strip().splitlines()
+            if result.timed_out and last:  # e.g. a missing SLURM_CONF is retried for 60 s
+                detail += f"; last said: {last[-1]}"
+            raise SlurmError(f"{name} {' '.join(args[:4])}: {detail}")
         return result.stdout
 
     def nodes(self) -> list[NodeInfo]:
