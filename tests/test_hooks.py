@@ -114,8 +114,10 @@ def test_resilient_job_survives_xid_79_from_its_last_checkpoint(lab: Lab, store:
 
 def test_non_resilient_job_is_not_requeued(lab: Lab, store: Store) -> None:
     lab.start_healthd("n1")
-    job_id = submit(lab, "-N1", "-w", "n1", "--wrap", "sleep 600")
-    poll("running", lambda: job(lab, job_id)["job_state"] == "RUNNING", timeout=10)
+    started = lab.root / "non-resilient.started"
+    job_id = submit(lab, "-N1", "-w", "n1", "--wrap", f"touch {started}; sleep 600")
+    # squeue says RUNNING before the prolog has passed; only the job's own mark proves it runs.
+    poll("the job's script running", started.exists, timeout=10)
     lab.inject("n1", 5, ["xid=79"])
     poll("n1 draining", lambda: drained_by_medic(lab, "n1"), timeout=5)
     poll(
