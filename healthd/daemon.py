@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import faulthandler
 import grp
 import json
 import logging
@@ -820,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
     if daemon.settings.metrics_port:
         daemon.metrics.serve(daemon.settings.metrics_address, daemon.settings.metrics_port)
     signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
+    # `kill -USR1` prints every thread's stack to the log: what a stuck daemon is waiting on.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     signal.signal(signal.SIGINT, lambda *_: daemon.stop())
     signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=daemon.reload).start())
     log.info(

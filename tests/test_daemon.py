@@ -223,6 +223,19 @@ def start_daemon(tmp_path: Path, config: Path, env: dict[str, str] | None = None
     return pid
 
 
+def stop_daemon(pid: int, log: Path) -> None:
+    """SIGTERM and wait; a daemon that does not stop dumps its threads' stacks into its log
+    (faulthandler on SIGUSR1), and the failure shows them."""
+    os.kill(pid, signal.SIGTERM)
+    try:
+        poll("exit", lambda: exited(pid))
+    except AssertionError as timed_out:
+        os.kill(pid, signal.SIGUSR1)
+        poll("the stack dump", lambda: "most recent call first" in log.read_text(), timeout=5)
+        stacks = log.read_text()
+        raise AssertionError(f"medic-healthd ignored SIGTERM for 10 s:\n{stacks}") from timed_out
+
+
 def exited(pid: int) -> bool:
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)
@@ -247,8 +260,7 @@ def test_sighup_with_a_bad_config_keeps_the_running_one(tmp_path: Path) -> None:
         os.kill(pid, signal.SIGHUP)
         poll("reload", lambda: "configuration reloaded" in log.read_text())
     finally:
-        os.kill(pid, signal.SIGTERM)
-        poll("exit", lambda: exited(pid))
+        stop_daemon(pid, tmp_path / "healthd.log")
 
 
 def test_sigterm_stops_cleanly_and_systemd_hears_ready_and_watchdog(tmp_path: Path) -> None:
@@ -297,5 +309,4 @@ def test_socket_status_and_check_ops(tmp_path: Path) -> None:
         with pytest.raises(HealthdUnavailable, match="unknown op"):
             ask(sock, {"op": "nonsense"}, timeout=5)
     finally:
-        os.kill(pid, signal.SIGTERM)
-        poll("exit", lambda: exited(pid))
+        stop_daemon(pid, tmp_path / "healthd.log")
