@@ -1,7 +1,7 @@
 """What Medic's Prolog and Epilog add to a job: `srun -N1 true` timed end to end, --calls
-times each with Prolog and Epilog, with the Prolog only, and with neither (slurm.conf
-rewritten and `scontrol reconfigure` between them), on the same one-node lab with
-medic-healthd answering the prolog from fresh results.
+times each with Prolog and Epilog, with the Prolog only, and with neither, each with and
+without PrologFlags=Alloc (slurm.conf rewritten and `scontrol reconfigure` between them), on
+the same one-node lab with medic-healthd answering the prolog from fresh results.
 
 Prints one JSON object. Run: .venv/bin/python -m bench.prolog_overhead --calls 200
 """
@@ -42,43 +42,54 @@ def summary(times: list[float]) -> dict[str, float]:
     }
 
 
-def reconfigure(lab: Lab, keep: tuple[str, ...]) -> None:
-    """slurm.conf with only the hook lines in `keep` (of Prolog=, Epilog=)."""
-    conf = lab.layout.slurm_conf
-    lines = conf.read_text().splitlines()
-    hooks = ("Prolog=", "Epilog=")
-    kept = [ln for ln in lines if not ln.startswith(hooks) or ln.startswith(keep)]
-    conf.write_text("\n".join(kept) + "\n")
+HOOK_LINES = ("Prolog=", "Epilog=", "PrologFlags=")
+
+
+def reconfigure(lab: Lab, original: str, hooks: tuple[str, ...], alloc: bool) -> None:
+    """slurm.conf as the lab writes it, but with only the hook lines in `hooks` (of Prolog=,
+    Epilog=) and PrologFlags=Alloc on or off."""
+    lines = [ln for ln in original.splitlines() if not ln.startswith(HOOK_LINES)]
+    lines += [ln for ln in original.splitlines() if ln.startswith(hooks)]
+    if alloc:
+        lines.append("PrologFlags=Alloc")
+    lab.layout.slurm_conf.write_text("\n".join(lines) + "\n")
     lab.slurm(["scontrol", "reconfigure"])
 
 
+def added(with_hooks: dict[str, float], bare: dict[str, float]) -> dict[str, float]:
+    return {k.replace("_ms", "_added_ms"): round(with_hooks[k] - bare[k], 1) for k in bare}
+
+
 def overhead(calls: int) -> dict[str, object]:
+    """Each hook set against no hooks under the same PrologFlags: PrologFlags=Alloc has a
+    price of its own (srun polls the controller until the prolog is done: the first poll
+    comes 0.1 s later, whatever the prolog), which any prolog run at allocation pays."""
+    runs: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="medic-bench-") as tmp:
         lab = Lab(Path(tmp))
         lab.up(LabSpec(nodes=1))
         try:
             lab.start_healthd("n1")
             original = lab.layout.slurm_conf.read_text()
-            both = time_srun(lab, calls)
-            reconfigure(lab, ("Prolog=",))
-            prolog_only = time_srun(lab, calls)
-            reconfigure(lab, ())
-            without = time_srun(lab, calls)
+            for alloc in (True, False):
+                flags = "alloc" if alloc else "no_alloc"
+                for name, hooks in (
+                    ("no_hooks", ()),
+                    ("prolog", ("Prolog=",)),
+                    ("prolog_epilog", ("Prolog=", "Epilog=")),
+                ):
+                    reconfigure(lab, original, hooks, alloc)
+                    runs[f"{flags}.{name}"] = summary(time_srun(lab, calls))
             lab.layout.slurm_conf.write_text(original)
         finally:
             lab.down()
-    with_both, with_prolog, bare = summary(both), summary(prolog_only), summary(without)
-    return {
-        "benchmark": "prolog_overhead",
-        "calls": calls,
-        "prolog_and_epilog": with_both,
-        "prolog_only": with_prolog,
-        "no_hooks": bare,
-        "prolog_added_p50_ms": round(with_prolog["p50_ms"] - bare["p50_ms"], 1),
-        "prolog_added_p99_ms": round(with_prolog["p99_ms"] - bare["p99_ms"], 1),
-        "both_added_p50_ms": round(with_both["p50_ms"] - bare["p50_ms"], 1),
-        "both_added_p99_ms": round(with_both["p99_ms"] - bare["p99_ms"], 1),
-    }
+    result: dict[str, object] = {"benchmark": "prolog_overhead", "calls": calls, "runs": runs}
+    for flags in ("alloc", "no_alloc"):
+        bare = runs[f"{flags}.no_hooks"]
+        result[f"{flags}.prolog"] = added(runs[f"{flags}.prolog"], bare)
+        result[f"{flags}.prolog_epilog"] = added(runs[f"{flags}.prolog_epilog"], bare)
+    result["alloc_flag_itself"] = added(runs["alloc.no_hooks"], runs["no_alloc.no_hooks"])
+    return result
 
 
 def main() -> None:
