@@ -5,10 +5,12 @@ from __future__ import annotations
 import click
 
 from cli.admin import config, events, jobs, remediation
+from cli.check import check
 from cli.checks import checks
 from cli.ckpt import ckpt
 from cli.lab.commands import lab
 from cli.nodes import node, nodes
+from cli.rma import rma_command
 from cli.sbatch import sbatch
 
 
@@ -21,7 +23,7 @@ def medic() -> None:
 medic.add_command(lab)
 medic.add_command(ckpt)
 medic.add_command(checks)
-for command in (nodes, node, events, jobs, remediation, config):
+for command in (nodes, node, events, jobs, remediation, config, rma_command, check):
     medic.add_command(command)
 medic.add_command(sbatch)
 

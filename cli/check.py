@@ -1,0 +1,371 @@
+"""`medic check`: run health checks on this node once, now, in this process.
+
+The same checks, configuration and runner as `medic-healthd` (and the prolog's inline launch
+tier, slurm_hooks.verdict.run_inline): fresh check instances, the node's NVML when there is
+a driver. Launch and periodic checks run in parallel, as the daemon runs them; deep checks
+run one after another, because each measures a bandwidth or a throughput that a second one
+running beside it would take a share of.
+
+Exit codes (worst result wins, in this order): 1 a CRITICAL result (the prolog would refuse
+jobs), 3 an UNKNOWN result (a check could not tell: error, timeout, no NVML), 4 a WARN
+result, 0 only OK and NOT_APPLICABLE; 2 a usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cli.admin import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_USAGE,
+    AdminError,
+    clip,
+    config_option,
+    echo_json,
+    echo_table,
+    iso,
+    json_option,
+    load,
+    opened_store,
+    store_option,
+    warn,
+)
+from healthd.checks.base import CheckConfig, CheckContext, Kind, Result, Status, Tier
+from healthd.runner import CheckOutcome, Runner
+from medic_core.config import ConfigError, MedicConfig
+from medic_core.store import ConditionUpdate, Severity
+
+EXIT_UNKNOWN = 3
+EXIT_WARN = 4
+EXIT_FOR = {
+    Status.CRITICAL: EXIT_PROBLEM,
+    Status.UNKNOWN: EXIT_UNKNOWN,
+    Status.WARN: EXIT_WARN,
+    Status.OK: EXIT_OK,
+    Status.NOT_APPLICABLE: EXIT_OK,
+}
+DEFAULT_TIERS = (Tier.LAUNCH, Tier.PERIODIC)  # deep loads the node: only when asked
+NVML_CALL_TIMEOUT = 3.0
+HEADERS = ("CHECK", "TARGET", "STATUS", "FAULT", "MESSAGE")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which checks to run, and which were left out and why."""
+
+    names: tuple[str, ...]
+    skipped: tuple[tuple[str, str], ...]  # (check, why)
+    sequential: bool
+
+
+def exit_code(results: Iterable[Result]) -> int:
+    """1 CRITICAL, 3 UNKNOWN, 4 WARN, 0 otherwise (the worst present decides)."""
+    present = {r.status for r in results}
+    for status in (Status.CRITICAL, Status.UNKNOWN, Status.WARN):
+        if status in present:
+            return EXIT_FOR[status]
+    return EXIT_OK
+
+
+def worst_status(results: Iterable[Result]) -> Status:
+    found = [r.status for r in results]
+    return max(found, key=lambda s: s.severity) if found else Status.NOT_APPLICABLE
+
+
+def result_json(r: Result) -> dict[str, Any]:
+    return {
+        "check": r.check,
+        "status": r.status.value,
+        "fault_class": r.fault_class,
+        "target": r.target,
+        "message": r.message,
+        "remediation": r.remediation.value if r.remediation else None,
+        "kind": r.kind.value,
+        "evidence": dict(r.evidence),
+    }
+
+
+def report_json(
+    node: str,
+    tiers: Sequence[str],
+    outcomes: Sequence[CheckOutcome],
+    skipped: Sequence[tuple[str, str]],
+    started: dt.datetime,
+    seconds: float,
+) -> dict[str, Any]:
+    results = [r for o in outcomes for r in o.results]
+    return {
+        "node": node,
+        "tiers": list(tiers),
+        "started_at": iso(started),
+        "seconds": round(seconds, 3),
+        "status": worst_status(results).value,
+        "exit_code": exit_code(results),
+        "checks": [
+            {
+                "name": o.name,
+                "state": o.state.value,
+                "seconds": round(o.seconds, 3),
+                "results": [result_json(r) for r in o.results],
+            }
+            for o in outcomes
+        ],
+        "skipped": [{"check": name, "why": why} for name, why in skipped],
+    }
+
+
+def result_rows(outcomes: Iterable[CheckOutcome]) -> list[list[str]]:
+    return [
+        [r.check, r.target or "-", r.status.value, r.fault_class or "-", clip(r.message, 90)]
+        for o in outcomes
+        for r in o.results
+    ]
+
+
+def summary_line(node: str, outcomes: Sequence[CheckOutcome], seconds: float) -> str:
+    """`n3: 15 checks, 97 results: 1 CRITICAL, 0 UNKNOWN, 2 WARN (1.3s)`."""
+    results = [r for o in outcomes for r in o.results]
+    counts = {s: sum(1 for r in results if r.status is s) for s in Status}
+    bad = ", ".join(
+        f"{counts[s]} {s.value}" for s in (Status.CRITICAL, Status.UNKNOWN, Status.WARN)
+    )
+    noun = "check" if len(outcomes) == 1 else "checks"
+    return f"{node}: {len(outcomes)} {noun}, {len(results)} results: {bad} ({seconds:.1f}s)"
+
+
+def skipped_lines(skipped: Sequence[tuple[str, str]]) -> list[str]:
+    """One line per reason: `skipped (why): a, b, c`."""
+    by_why: dict[str, list[str]] = {}
+    for name, why in skipped:
+        by_why.setdefault(why, []).append(name)
+    return [f"skipped ({why}): {', '.join(names)}" for why, names in by_why.items()]
+
+
+def plan(
+    runner: Runner,
+    tiers: Sequence[Tier],
+    wanted: Sequence[str],
+    skip_gpu: bool,
+) -> Plan:
+    """The checks `medic check` runs: `wanted` (every enabled check when empty) in `tiers`,
+    without the GPU checks on a node without a GPU driver. Raises AdminError (usage) for an
+    unknown name or an empty selection."""
+    specs = runner.specs
+    unknown = sorted(set(wanted) - set(specs))
+    if unknown:
+        raise AdminError(
+            f"no check named {', '.join(unknown)}",
+            "not a registered check",
+            f"use one of: {', '.join(sorted(specs))} (medic checks list)",
+            EXIT_USAGE,
+        )
+    skipped: list[tuple[str, str]] = []
+    names: list[str] = []
+    for name in wanted or sorted(specs):
+        spec = specs[name]
+        if not spec.tiers & set(tiers):
+            if wanted:
+                tier_words = ",".join(sorted(t.value for t in spec.tiers))
+                skipped.append((name, f"not in the {'/'.join(tiers)} tier ({tier_words})"))
+            continue
+        if not runner.configs[name].enabled:
+            skipped.append((name, f"disabled in [checks.{name}]"))
+            continue
+        if skip_gpu and "nvml" in spec.needs:
+            skipped.append((name, "no NVIDIA driver on this node ([healthd] gpus = auto)"))
+            continue
+        names.append(name)
+    if not names:
+        why = "; ".join(f"{n}: {w}" for n, w in skipped) or "no check is in that tier"
+        raise AdminError("no check to run", why, "pick others with --check or --tier",
+                         EXIT_USAGE)  # fmt: skip
+    return Plan(tuple(names), tuple(skipped), sequential=Tier.DEEP in tiers)
+
+
+@contextmanager
+def nvml_for(gpus: str) -> Iterator[tuple[Any, bool]]:
+    """(the NVML client or None, whether to leave the GPU checks out), as the daemon and the
+    prolog's inline run decide: no driver on an `auto` node is a CPU node."""
+    if gpus == "none":
+        yield None, True
+        return
+    from healthd.nvml_client import NvmlError, NvmlUnavailable, PynvmlClient
+
+    opened = PynvmlClient(call_timeout=NVML_CALL_TIMEOUT)
+    client: PynvmlClient | None = opened
+    skip = False
+    try:
+        opened.open()
+    except NvmlUnavailable:
+        client, skip = None, gpus == "auto"
+    except NvmlError:
+        pass  # a GPU node in trouble: the GPU checks report it
+    try:
+        yield client, skip
+    finally:
+        if client is not None:
+            client.close()
+
+
+def run_plan(runner: Runner, chosen: Plan, budget: float | None) -> list[CheckOutcome]:
+    """All at once (launch, periodic), or one by one with a progress bar on a terminal."""
+    if not chosen.sequential:
+        return list(runner.run(list(chosen.names), budget=budget).outcomes)
+    outcomes: list[CheckOutcome] = []
+    if not sys.stderr.isatty():
+        for name in chosen.names:
+            outcomes += runner.run([name]).outcomes
+        return outcomes
+    with click.progressbar(
+        chosen.names,
+        label="deep checks",
+        file=sys.stderr,
+        item_show_func=lambda n: n or "",
+    ) as bar:
+        for name in bar:
+            outcomes += runner.run([name]).outcomes
+    return outcomes
+
+
+def record(
+    config: MedicConfig,
+    store_url: str | None,
+    node: str,
+    outcomes: Sequence[CheckOutcome],
+    at: dt.datetime,
+) -> int:
+    """Write the results to the store as the daemon would (conditions, and events that carry
+    a fault class); returns how many conditions changed. Drains and the ladder are the
+    daemon's: nothing here acts on a fault."""
+    from healthd.daemon import SEVERITY_OF, merge_by_target
+
+    changed = 0
+    with opened_store(config, store_url) as store:
+        for o in outcomes:
+            conditions = merge_by_target(r for r in o.results if r.kind is Kind.CONDITION)
+            updates = [
+                ConditionUpdate(r.check, r.status, r.target or "", r.fault_class or "",
+                                r.message, dict(r.evidence))
+                for r in conditions
+            ]  # fmt: skip
+            changes = store.set_conditions(node, updates, at) if updates else []
+            changed += sum(1 for c in changes if c.previous_status != c.status)
+            for event in o.results:
+                fault_class = event.fault_class or str(event.evidence.get("fault_class") or "")
+                if event.kind is not Kind.EVENT or not fault_class:
+                    continue
+                store.add_event(
+                    node, at=at, kind=event.check,
+                    severity=SEVERITY_OF.get(event.status, Severity.INFO),
+                    source="cli:medic check", message=event.message, fault_class=fault_class,
+                    target=event.target or "", evidence=dict(event.evidence),
+                )  # fmt: skip
+    return changed
+
+
+def _check_configs(config: MedicConfig) -> tuple[dict[str, CheckConfig], str, float]:
+    from healthd.checks import load_check_configs
+    from healthd.daemon import DaemonSettings
+
+    try:
+        settings = DaemonSettings.from_config(config)
+        return load_check_configs(config), settings.gpus, settings.launch_budget
+    except ConfigError as exc:
+        raise AdminError(
+            "the configuration has a bad table", str(exc), "fix it (medic config check)", EXIT_USAGE
+        ) from exc
+
+
+@click.command("check")
+@click.option(
+    "--tier",
+    "tier_word",
+    type=click.Choice([t.value for t in Tier], case_sensitive=False),
+    help="Only this tier's checks (default: launch and periodic; deep loads the node).",
+)
+@click.option(
+    "--check",
+    "names",
+    multiple=True,
+    metavar="NAME",
+    help="Only this check (repeatable; any tier unless --tier): see `medic checks list`.",
+)
+@click.option(
+    "--record",
+    "record_results",
+    is_flag=True,
+    help="Also write the results to the store as this node's conditions.",
+)
+@json_option
+@store_option
+@config_option
+def check(
+    tier_word: str | None,
+    names: tuple[str, ...],
+    record_results: bool,
+    as_json: bool,
+    store_url: str | None,
+    config_path: Path | None,
+) -> None:
+    """Run health checks on this node now, in this process; exit 0 healthy, 1 CRITICAL,
+    3 UNKNOWN, 4 WARN (2: usage)."""
+    code = _check(tier_word, names, record_results, as_json, store_url, config_path)
+    if code != EXIT_OK:
+        raise SystemExit(code)
+
+
+def _check(
+    tier_word: str | None,
+    names: tuple[str, ...],
+    record_results: bool,
+    as_json: bool,
+    store_url: str | None,
+    config_path: Path | None,
+) -> int:
+    config = load(config_path)
+    configs, gpus, launch_budget = _check_configs(config)
+    if tier_word:
+        tiers: tuple[Tier, ...] = (Tier(tier_word.lower()),)
+    elif names:
+        tiers = tuple(Tier)
+    else:
+        tiers = DEFAULT_TIERS
+    started = dt.datetime.now(dt.UTC)
+    begin = time.monotonic()
+    with nvml_for(gpus) as (client, skip_gpu):
+        runner = Runner(CheckContext.for_root(config.paths.host_root, nvml=client), configs)
+        chosen = plan(runner, tiers, list(dict.fromkeys(names)), skip_gpu)
+        # The launch tier alone runs within the prolog's budget, as it would at a job start.
+        budget = launch_budget if tiers == (Tier.LAUNCH,) else None
+        outcomes = run_plan(runner, chosen, budget)
+    seconds = time.monotonic() - begin
+    results = [r for o in outcomes for r in o.results]
+    node = config.node_name
+    if record_results:
+        try:
+            record(config, store_url, node, outcomes, started)
+        except ValueError as exc:
+            raise AdminError("cannot record the results", str(exc), "check the store") from exc
+    if as_json:
+        words = [t.value for t in tiers]
+        echo_json(report_json(node, words, outcomes, chosen.skipped, started, seconds))
+        return exit_code(results)
+    echo_table(HEADERS, result_rows(outcomes))
+    click.echo(summary_line(node, outcomes, seconds))
+    for line in skipped_lines(chosen.skipped):
+        click.echo(line)
+    if record_results:
+        click.echo(f"recorded in the store as {node}'s conditions")
+    if not results:
+        warn("the checks returned no results")
+    return exit_code(results)

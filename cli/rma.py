@@ -1,0 +1,680 @@
+"""`medic rma list|show|open|update|close`: RMA tickets from the store (remediation.tickets;
+docs/rma.md), for the operator following a part back to the vendor and the node back into
+service.
+
+`ticket_lines()` is the query behind `medic rma list`: the tickets' columns without their
+evidence (which can be large), and each ticket's newest audit row, in one query whatever
+the history's size (bench/cli_rma.py times it on a 10,000-node fleet).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from sqlalchemy import func, select
+
+from cli.admin import (
+    EXIT_USAGE,
+    AdminError,
+    actor,
+    age,
+    clip,
+    config_option,
+    echo_json,
+    echo_table,
+    iso,
+    json_option,
+    load,
+    now_utc,
+    opened_store,
+    rung_name,
+    store_option,
+    when,
+)
+from cli.complete import complete_node, complete_open_ticket, complete_ticket
+from medic_core.store import Store
+from medic_core.store.models import RmaAuditRow, RmaOutboxRow, RmaTicketRow
+from remediation import episodes as ep
+from remediation import tickets as rma
+from remediation.tickets import NEXT_STATES, AuditEntry, Ticket, TicketError, TicketState
+
+STATE_WORDS = tuple(s.value for s in TicketState)
+OPEN_WORDS = tuple(s.value for s in TicketState if s is not TicketState.CLOSED)
+# What `update --state` takes; closing has its own command (it triggers re-qualification).
+UPDATE_WORDS = tuple(w for w in OPEN_WORDS if w != TicketState.OPEN.value)
+FAULT_CLASS = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)*$")
+EVIDENCE_EVENTS = 50  # recent events of the node a manual ticket carries
+LIST_HEADERS = (
+    "TICKET", "NODE", "STATE", "FAULT", "GPUS", "VENDOR REF", "OPENED", "UPDATED", "BY",
+    "SUMMARY",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TicketLine:
+    """One row of `medic rma list`: a ticket without its evidence, and its last change."""
+
+    id: int
+    node: str
+    state: str
+    fault_class: str
+    summary: str
+    gpus: tuple[int, ...]
+    resolution: str
+    requalify: bool
+    external_id: str
+    external_url: str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    closed_at: dt.datetime | None
+    last_actor: str
+    last_note: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "node": self.node,
+            "state": self.state,
+            "fault_class": self.fault_class,
+            "summary": self.summary,
+            "gpus": list(self.gpus),
+            "resolution": self.resolution,
+            "requalify": self.requalify,
+            "vendor_ref": self.external_id,
+            "vendor_url": self.external_url,
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
+            "closed_at": iso(self.closed_at),
+            "last_actor": self.last_actor,
+            "last_note": self.last_note,
+        }
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def ticket_lines(
+    store: Store, states: Sequence[str] | None = None, node: str | None = None
+) -> list[TicketLine]:
+    """Tickets by id, in `states` (all when None), of `node` (all when None)."""
+    t = RmaTicketRow.__table__
+    a = RmaAuditRow.__table__
+    last = select(a.c.ticket_id, func.max(a.c.id).label("id")).group_by(a.c.ticket_id)
+    query = select(
+        t.c.id, t.c.node, t.c.state, t.c.fault_class, t.c.summary, t.c.gpus, t.c.resolution,
+        t.c.requalify, t.c.external_id, t.c.external_url, t.c.created_at, t.c.updated_at,
+        t.c.closed_at,
+    )  # fmt: skip
+    if states is not None:
+        query = query.where(t.c.state.in_(states))
+        last = last.where(a.c.ticket_id.in_(select(t.c.id).where(t.c.state.in_(states))))
+    if node is not None:
+        query = query.where(t.c.node == node)
+    newest = last.subquery("newest")
+    query = (
+        query.add_columns(a.c.actor, a.c.note)
+        .outerjoin(newest, newest.c.ticket_id == t.c.id)
+        .outerjoin(a, a.c.id == newest.c.id)
+        .order_by(t.c.id)
+    )
+    with store.engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return [_line(r) for r in rows]
+
+
+def _line(r: Any) -> TicketLine:
+    return TicketLine(
+        id=int(r.id), node=r.node, state=r.state, fault_class=r.fault_class, summary=r.summary,
+        gpus=tuple(int(g.get("index", -1)) for g in r.gpus or ()), resolution=r.resolution,
+        requalify=bool(r.requalify), external_id=r.external_id, external_url=r.external_url,
+        created_at=_aware(r.created_at), updated_at=_aware(r.updated_at),
+        closed_at=_aware(r.closed_at) if r.closed_at is not None else None,
+        last_actor=r.actor or "", last_note=r.note or "",
+    )  # fmt: skip
+
+
+def state_cell(state: str, resolution: str, requalify: bool) -> str:
+    """`closed (replaced)`, `closed (cancelled), requalify` for a closed ticket."""
+    if state != TicketState.CLOSED.value:
+        return state
+    word = f"{state} ({resolution})" if resolution else state
+    return f"{word}, requalify" if requalify else word
+
+
+def gpus_cell(gpus: Sequence[int]) -> str:
+    return ",".join(str(g) for g in gpus) if gpus else "-"
+
+
+def list_rows(lines: Iterable[TicketLine], now: dt.datetime) -> list[list[str]]:
+    return [
+        [
+            str(t.id), t.node, state_cell(t.state, t.resolution, t.requalify), t.fault_class,
+            gpus_cell(t.gpus), t.external_id or "-", when(t.created_at),
+            f"{age(t.updated_at, now)} ago", t.last_actor or "-", clip(t.summary, 60),
+        ]
+        for t in lines
+    ]  # fmt: skip
+
+
+def list_summary(lines: Sequence[TicketLine]) -> str:
+    """`3 tickets: 1 open, 1 submitted, 1 closed (1 waiting for re-qualification)`."""
+    counts = {w: 0 for w in STATE_WORDS}
+    for t in lines:
+        counts[t.state] = counts.get(t.state, 0) + 1
+    parts = [f"{n} {w}" for w, n in counts.items() if n]
+    waiting = sum(1 for t in lines if t.requalify)
+    tail = f" ({waiting} waiting for re-qualification)" if waiting else ""
+    noun = "ticket" if len(lines) == 1 else "tickets"
+    return f"{len(lines)} {noun}: {', '.join(parts)}{tail}"
+
+
+# --- medic rma ------------------------------------------------------------------------------
+
+
+@click.group("rma")
+def rma_group() -> None:
+    """RMA tickets: hardware going back to the vendor, from open to closed."""
+
+
+@rma_group.command("list")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(STATE_WORDS, case_sensitive=False),
+    help="Only tickets in this state (repeatable; implies --all for closed).",
+)
+@click.option("--node", help="Only this node's tickets.", shell_complete=complete_node)
+@click.option(
+    "--open/--all",
+    "open_only",
+    default=True,
+    show_default=True,
+    help="Tickets that are not closed (default), or every ticket.",
+)
+@json_option
+@store_option
+@config_option
+def rma_list(
+    states: tuple[str, ...],
+    node: str | None,
+    open_only: bool,
+    as_json: bool,
+    store_url: str | None,
+    config_path: Path | None,
+) -> None:
+    """Where every RMA is: tickets with their state, vendor reference and last change."""
+    now = now_utc()
+    wanted: Sequence[str] | None = None
+    if states:
+        wanted = sorted({s.lower() for s in states})
+    elif open_only:
+        wanted = OPEN_WORDS
+    config = load(config_path)
+    with opened_store(config, store_url) as store:
+        lines = ticket_lines(store, wanted, node)
+    if as_json:
+        echo_json([t.to_json() for t in lines])
+        return
+    if not lines:
+        where = f" for {node}" if node else ""
+        which = "in state " + ", ".join(wanted) if states and wanted else "open"
+        hint = "" if not open_only or states else "; --all lists closed ones too"
+        click.echo(f"no RMA tickets {which}{where}{hint}")
+        return
+    click.echo(list_summary(lines))
+    echo_table(LIST_HEADERS, list_rows(lines, now))
+
+
+def _ticket_or_fail(store: Store, ticket_id: int) -> Ticket:
+    ticket = rma.get(store, ticket_id)
+    if ticket is None:
+        raise AdminError(
+            f"no RMA ticket {ticket_id}",
+            "the store has no ticket with that id",
+            "list them with `medic rma list --all`",
+        )
+    return ticket
+
+
+@dataclass(frozen=True)
+class Deliveries:
+    """The ticket's webhook notifications, by state."""
+
+    pending: int = 0
+    delivered: int = 0
+    failed: int = 0
+    last_error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pending": self.pending,
+            "delivered": self.delivered,
+            "failed": self.failed,
+            "last_error": self.last_error,
+        }
+
+    def line(self) -> str:
+        if not (self.pending or self.delivered or self.failed):
+            return "notifications: none"
+        text = (
+            f"notifications: {self.delivered} delivered, {self.pending} pending, "
+            f"{self.failed} failed"
+        )
+        return text + (f" (last error: {clip(self.last_error, 80)})" if self.last_error else "")
+
+
+def deliveries(store: Store, ticket_id: int) -> Deliveries:
+    o = RmaOutboxRow.__table__
+    counts_query = (
+        select(o.c.state, func.count()).where(o.c.ticket_id == ticket_id).group_by(o.c.state)
+    )
+    error_query = (
+        select(o.c.last_error)
+        .where(o.c.ticket_id == ticket_id, o.c.last_error != "")
+        .order_by(o.c.id.desc())
+        .limit(1)
+    )
+    with store.engine.connect() as conn:
+        counts = {str(s): int(n) for s, n in conn.execute(counts_query).all()}
+        error = conn.execute(error_query).scalar_one_or_none()
+    return Deliveries(
+        pending=counts.get(rma.OUTBOX_PENDING, 0),
+        delivered=counts.get(rma.OUTBOX_DELIVERED, 0),
+        failed=counts.get(rma.OUTBOX_FAILED, 0),
+        last_error=error or "",
+    )
+
+
+@dataclass(frozen=True)
+class EpisodeRef:
+    id: int
+    state: str
+    rung: int
+    opened_at: dt.datetime
+
+
+def linked_episodes(store: Store, ticket_id: int) -> list[EpisodeRef]:
+    """The remediation episodes that ended in this ticket."""
+    e = ep.episodes
+    query = (
+        select(e.c.id, e.c.state, e.c.rung, e.c.opened_at)
+        .where(e.c.ticket_id == ticket_id)
+        .order_by(e.c.id)
+    )
+    with store.engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return [EpisodeRef(int(r.id), r.state, int(r.rung), _aware(r.opened_at)) for r in rows]
+
+
+def evidence_summary(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key, what it holds) for each top-level key: `3 items`, `2 keys`, or the value."""
+    out = []
+    for key, value in evidence.items():
+        if isinstance(value, list):
+            what = f"{len(value)} item" + ("" if len(value) == 1 else "s")
+        elif isinstance(value, dict):
+            what = f"{len(value)} key" + ("" if len(value) == 1 else "s")
+        else:
+            what = clip(str(value), 80)
+        out.append((key, what))
+    return out
+
+
+def audit_json(entry: AuditEntry) -> dict[str, Any]:
+    return {
+        "id": entry.id,
+        "at": iso(entry.at),
+        "actor": entry.actor,
+        "from": entry.from_state.value if entry.from_state else None,
+        "to": entry.to_state.value,
+        "note": entry.note,
+    }
+
+
+def audit_rows(trail: Iterable[AuditEntry]) -> list[list[str]]:
+    return [
+        ["  " + when(e.at), e.actor, e.from_state.value if e.from_state else "-", e.to_state.value,
+         clip(e.note, 80) or "-"]
+        for e in trail
+    ]  # fmt: skip
+
+
+def requalification_line(ticket: Ticket, trail: Sequence[AuditEntry]) -> str:
+    if ticket.is_open:
+        return "re-qualification: after the ticket is closed"
+    if ticket.requalify:
+        return f"re-qualification: pending ({ticket.node} must pass it before it takes jobs)"
+    done = [e for e in trail if e.from_state is TicketState.CLOSED]
+    if done:
+        return f"re-qualification: passed {when(done[-1].at)} ({done[-1].actor})"
+    return "re-qualification: not needed"
+
+
+def ticket_json(ticket: Ticket) -> dict[str, Any]:
+    return {
+        "id": ticket.id,
+        "node": ticket.node,
+        "state": ticket.state.value,
+        "fault_class": ticket.fault_class,
+        "summary": ticket.summary,
+        "gpus": [g.as_dict() for g in ticket.gpus],
+        "resolution": ticket.resolution,
+        "requalify": ticket.requalify,
+        "vendor_ref": ticket.external_id,
+        "vendor_url": ticket.external_url,
+        "created_at": iso(ticket.created_at),
+        "updated_at": iso(ticket.updated_at),
+        "closed_at": iso(ticket.closed_at),
+    }
+
+
+@rma_group.command("show")
+@click.argument("ticket_id", metavar="ID", type=int, shell_complete=complete_ticket)
+@json_option
+@store_option
+@config_option
+def rma_show(
+    ticket_id: int, as_json: bool, store_url: str | None, config_path: Path | None
+) -> None:
+    """One ticket: its GPUs, evidence, audit trail, notifications and re-qualification."""
+    config = load(config_path)
+    with opened_store(config, store_url) as store:
+        ticket = _ticket_or_fail(store, ticket_id)
+        trail = rma.audit(store, ticket_id)
+        sent = deliveries(store, ticket_id)
+        episodes = linked_episodes(store, ticket_id)
+    if as_json:
+        echo_json(
+            {
+                **ticket_json(ticket),
+                "evidence": ticket.evidence,
+                "audit": [audit_json(e) for e in trail],
+                "notifications": sent.to_json(),
+                "episodes": [e.id for e in episodes],
+                "next_states": [s.value for s in NEXT_STATES[ticket.state]],
+            }
+        )
+        return
+    state = state_cell(ticket.state.value, ticket.resolution, ticket.requalify)
+    click.echo(f"RMA ticket {ticket.id}  {ticket.node}  {state}  {ticket.fault_class}")
+    click.echo(f"summary: {ticket.summary}")
+    if ticket.external_id or ticket.external_url:
+        url = f"  {ticket.external_url}" if ticket.external_url else ""
+        click.echo(f"vendor ref: {ticket.external_id or '-'}{url}")
+    closed = f", closed {when(ticket.closed_at)}" if ticket.closed_at else ""
+    click.echo(f"opened {when(ticket.created_at)}, updated {when(ticket.updated_at)}{closed}")
+    for e in episodes:
+        click.echo(
+            f"episode #{e.id}: {e.state}, rung {rung_name(e.rung)}, opened {when(e.opened_at)}"
+        )
+    legal = [s.value for s in NEXT_STATES[ticket.state]]
+    if legal:
+        click.echo(f"next: {' or '.join(legal)}")
+    click.echo(requalification_line(ticket, trail))
+    click.echo(sent.line())
+    click.echo("")
+    click.echo(f"GPUs ({len(ticket.gpus)}):" if ticket.gpus else "GPUs: none named")
+    if ticket.gpus:
+        echo_table(
+            ("  INDEX", "UUID", "SERIAL", "PCI BUS ID"),
+            (
+                ["  " + str(g.index), g.uuid or "-", g.serial or "-", g.pci_bus_id or "-"]
+                for g in ticket.gpus
+            ),
+        )
+    click.echo("")
+    summary = evidence_summary(ticket.evidence)
+    click.echo("evidence (--json for all of it):" if summary else "evidence: none")
+    if summary:
+        echo_table(("  KEY", "HOLDS"), (["  " + k, v] for k, v in summary))
+    click.echo("")
+    click.echo(f"audit trail ({len(trail)}):")
+    echo_table(("  TIME", "ACTOR", "FROM", "TO", "NOTE"), audit_rows(trail))
+
+
+def _node_known(store: Store, node: str) -> bool:
+    if store.conditions(node=node):
+        return True
+    if store.events(node=node, limit=1):
+        return True
+    return bool(ep.EpisodeStore(store).find(node=node))
+
+
+def manual_evidence(store: Store, node: str, note: str, who: str) -> dict[str, Any]:
+    """What the store knows of `node`, in the usual bundle: its conditions that are not OK,
+    its recent events and the steps of its newest remediation episode."""
+    conditions = [
+        {"type": c.type, "target": c.target, "status": c.status.value, "reason": c.reason,
+         "message": c.message, "since": iso(c.since)}
+        for c in store.conditions(node=node)
+        if c.status.value not in ("OK", "NOT_APPLICABLE")
+    ]  # fmt: skip
+    history = [
+        {"at": iso(e.at), "kind": e.kind, "severity": e.severity.value,
+         "fault_class": e.fault_class, "target": e.target, "message": e.message}
+        for e in store.events(node=node, limit=EVIDENCE_EVENTS)
+    ]  # fmt: skip
+    episodes = ep.EpisodeStore(store)
+    found = episodes.find(node=node)
+    actions = []
+    if found:
+        actions = [
+            {"episode": found[-1].id, "action": s.action, "attempt": s.attempt,
+             "state": s.state, "returncode": s.returncode, "argv": list(s.argv)}
+            for s in episodes.steps(found[-1].id)
+        ]  # fmt: skip
+    return rma.evidence_bundle(
+        conditions=conditions, history=history, actions=actions, opened_by=who, note=note
+    )
+
+
+def _note(text: str, what: str) -> str:
+    text = " ".join(text.split())
+    if not text:
+        raise AdminError(f"{what} is empty", "every ticket change says why in the audit trail",
+                         f"give {what} TEXT", EXIT_USAGE)  # fmt: skip
+    return text
+
+
+@rma_group.command("open")
+@click.argument("node_name", metavar="NODE", shell_complete=complete_node)
+@click.option("--fault", "fault_class", required=True,
+              help="Fault class, e.g. gpu.xid.79, gpu.ecc.dbe, mem.edac.ue.")  # fmt: skip
+@click.option("--note", required=True, help="What is broken (the ticket's summary).")
+@click.option("--gpu", "gpus", multiple=True, type=click.IntRange(0),
+              help="Index of a GPU to send back (repeatable).")  # fmt: skip
+@click.option("--force", is_flag=True, help="Open it even if the store knows nothing of NODE.")
+@json_option
+@store_option
+@config_option
+def rma_open(
+    node_name: str,
+    fault_class: str,
+    note: str,
+    gpus: tuple[int, ...],
+    force: bool,
+    as_json: bool,
+    store_url: str | None,
+    config_path: Path | None,
+) -> None:
+    """Open a ticket by hand, with the store's evidence for NODE (conditions, events, the
+    ladder's steps). One ticket per node and fault class: an open one is not duplicated."""
+    note = _note(note, "--note")
+    if not FAULT_CLASS.match(fault_class):
+        raise AdminError(
+            f"bad fault class {fault_class!r}",
+            "a fault class is dotted lower case, like the checks report it",
+            "e.g. --fault gpu.xid.79 (see `medic checks docs`)",
+            EXIT_USAGE,
+        )
+    who = actor()
+    config = load(config_path)
+    with opened_store(config, store_url) as store:
+        if not force and not _node_known(store, node_name):
+            raise AdminError(
+                f"no node {node_name!r} in the store",
+                "no medic-healthd has reported it, so it is probably a typo",
+                "check the name with `medic nodes --all`, or --force to open the ticket anyway",
+            )
+        existing = [
+            t
+            for t in rma.list_tickets(store, OPEN_WORDS, node_name)
+            if t.fault_class == fault_class
+        ]
+        if existing:
+            t = existing[0]
+            raise AdminError(
+                f"RMA ticket {t.id} is already open for {node_name} {fault_class} "
+                f"({t.state.value})",
+                "one ticket per node and fault class: the vendor already has its evidence",
+                f"follow it with `medic rma show {t.id}`, or close it first",
+            )
+        evidence = manual_evidence(store, node_name, note, who)
+        try:
+            ticket = rma.open_ticket(
+                store, node_name, fault_class, note, [rma.Gpu(g) for g in sorted(set(gpus))],
+                evidence, who,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise AdminError(
+                "cannot open the ticket", str(exc), "fix the value", EXIT_USAGE
+            ) from exc
+    if as_json:
+        echo_json(ticket_json(ticket))
+        return
+    gpu_text = f" GPUs {gpus_cell([g.index for g in ticket.gpus])}" if ticket.gpus else ""
+    click.echo(f"RMA ticket {ticket.id} opened for {ticket.node} {ticket.fault_class}{gpu_text}")
+    click.echo(f"next: medic rma update {ticket.id} --state submitted --vendor-ref REF")
+
+
+def _move(
+    store_url: str | None,
+    config_path: Path | None,
+    ticket_id: int,
+    target: TicketState,
+    note: str,
+    vendor_ref: str | None,
+    url: str | None,
+) -> Ticket:
+    config = load(config_path)
+    with opened_store(config, store_url) as store:
+        ticket = _ticket_or_fail(store, ticket_id)
+        legal = NEXT_STATES[ticket.state]
+        if target not in legal:
+            if not legal:
+                fix = f"open a new one: medic rma open {ticket.node} --fault {ticket.fault_class}"
+            else:
+                fix = " or ".join(
+                    f"medic rma close {ticket_id} --note TEXT"
+                    if s is TicketState.CLOSED
+                    else f"medic rma update {ticket_id} --state {s.value}"
+                    for s in legal
+                )
+            raise AdminError(
+                f"RMA ticket {ticket_id} ({ticket.node}) cannot go from {ticket.state.value} "
+                f"to {target.value}",
+                "tickets move open -> submitted -> acknowledged -> replaced -> closed"
+                + ("; this one is closed" if not legal else ""),
+                fix,
+            )
+        try:
+            return rma.transition(
+                store, ticket_id, target, actor(), note, vendor_ref, external_url=url
+            )
+        except TicketError as exc:  # changed under us, or closing without a note
+            raise AdminError(
+                str(exc).split(";")[0],
+                "the change was refused by the ticket's rules",
+                str(exc).split("; ", 1)[-1],
+            ) from exc
+        except ValueError as exc:
+            raise AdminError("bad value", str(exc), "fix the value", EXIT_USAGE) from exc
+
+
+@rma_group.command("update")
+@click.argument("ticket_id", metavar="ID", type=int, shell_complete=complete_open_ticket)
+@click.option(
+    "--state",
+    "state",
+    required=True,
+    type=click.Choice(UPDATE_WORDS, case_sensitive=False),
+    help="The next state (to close: medic rma close).",
+)
+@click.option("--note", default="", help="What happened (kept in the audit trail).")
+@click.option("--vendor-ref", help="The vendor's or ticketing system's reference, e.g. INC-4711.")
+@click.option("--url", help="A link to it.")
+@json_option
+@store_option
+@config_option
+def rma_update(
+    ticket_id: int,
+    state: str,
+    note: str,
+    vendor_ref: str | None,
+    url: str | None,
+    as_json: bool,
+    store_url: str | None,
+    config_path: Path | None,
+) -> None:
+    """Move a ticket on: submitted (to the vendor), acknowledged, replaced."""
+    target = TicketState(state.lower())
+    note = " ".join(note.split())
+    ticket = _move(store_url, config_path, ticket_id, target, note, vendor_ref, url)
+    if as_json:
+        echo_json(ticket_json(ticket))
+        return
+    ref = f" (vendor ref {ticket.external_id})" if ticket.external_id else ""
+    click.echo(f"RMA ticket {ticket.id} ({ticket.node}): now {ticket.state.value}{ref}")
+
+
+@rma_group.command("close")
+@click.argument("ticket_id", metavar="ID", type=int, shell_complete=complete_open_ticket)
+@click.option(
+    "--note",
+    default="",
+    help="Why (required unless the part was replaced: closing earlier cancels).",
+)
+@json_option
+@store_option
+@config_option
+def rma_close(
+    ticket_id: int, note: str, as_json: bool, store_url: str | None, config_path: Path | None
+) -> None:
+    """Close a ticket: after `replaced` the RMA is done; earlier it is cancelled. Either way
+    the node must pass re-qualification before it takes jobs again."""
+    note = " ".join(note.split())
+    if not note:
+        config = load(config_path)
+        with opened_store(config, store_url) as store:
+            current = _ticket_or_fail(store, ticket_id)
+        if current.state not in (TicketState.REPLACED, TicketState.CLOSED):
+            raise AdminError(
+                f"closing RMA ticket {ticket_id} ({current.node}) from {current.state.value} "
+                "cancels it",
+                "a cancelled RMA must say why in the audit trail",
+                "give --note TEXT, e.g. --note 'vendor found no fault'",
+                EXIT_USAGE,
+            )
+    ticket = _move(store_url, config_path, ticket_id, TicketState.CLOSED, note, None, None)
+    if as_json:
+        echo_json(ticket_json(ticket))
+        return
+    click.echo(f"RMA ticket {ticket.id} ({ticket.node}) closed: {ticket.resolution}")
+    click.echo(
+        f"{ticket.node} must pass re-qualification before it takes jobs again "
+        f"(medic rma show {ticket.id} says when it has)"
+    )
+
+
+# `rma` is the name operators type; `rma_group` keeps the Python name free for the module.
+rma_command = rma_group
+
+__all__ = ["TicketLine", "rma_command", "ticket_lines"]
