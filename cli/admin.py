@@ -20,6 +20,7 @@ from typing import IO, Any, TypeVar
 import click
 from sqlalchemy import make_url, select
 
+from cli.complete import complete_node
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.store import (
     BadStoreURL,
@@ -298,7 +299,7 @@ def now_utc() -> dt.datetime:
 @click.command("events")
 @click.option("--since", "since_text", default="24h", show_default=True,
               help="How far back: 30m, 1h, 2d, 1w, or an ISO time.")  # fmt: skip
-@click.option("--node", help="Only this node's events.")
+@click.option("--node", help="Only this node's events.", shell_complete=complete_node)
 @click.option("--kind", help="Only events of this kind (gpu_xid, kernel_log, gate, job_action, "
               "remediation, admin, ...).")  # fmt: skip
 @click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000),

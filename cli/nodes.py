@@ -44,6 +44,7 @@ from cli.admin import (
     warn,
     when,
 )
+from cli.complete import complete_node
 from medic_core.status import Status, worst
 from medic_core.store import Severity, Store
 from medic_core.store.models import ConditionRow
@@ -426,7 +427,7 @@ def _one_node(config: Any, name: str) -> NodeInfo | None:
 
 
 @node.command("show")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_node)
 @click.option("--all", "show_all", is_flag=True, help="Every condition, the OK ones too.")
 @click.option("--events", "n_events", default=20, show_default=True, type=click.IntRange(0),
               help="How many recent events.")  # fmt: skip
@@ -587,7 +588,7 @@ def _must_exist(config: Any, name: str) -> NodeInfo:
 
 
 @node.command("drain")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_node)
 @reason_option
 @force_option
 @store_option
@@ -613,7 +614,7 @@ def drain(name: str, reason: str, force: bool, store_url: str | None,
 
 
 @node.command("resume")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_node)
 @reason_option
 @force_option
 @store_option
@@ -656,7 +657,7 @@ def resume(name: str, reason: str, force: bool, store_url: str | None,
 
 
 @node.command("reboot")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_node)
 @reason_option
 @click.option(
     "--nextstate",
