@@ -261,18 +261,17 @@ class HealthDaemon:
                     for r in outcome.results
                     if r.kind is Kind.EVENT and (r.fault_class or r.evidence.get("fault_class"))
                 ]
-                previous = self._latest.get(outcome.name, (0.0, ()))[1]
+                previous = self._previous_targets(outcome.name)
                 self._latest[outcome.name] = (finished, tuple(conditions))
                 updates = [self._update(r) for r in conditions]
                 seen = {(u.type, u.target) for u in updates}
                 # A target a check no longer reports (a GPU's XID aged out) is cleared rather
                 # than left CRITICAL for ever.
-                for old in previous:
-                    key = (old.check, old.target or "")
+                for key in previous:
                     if key not in seen:
                         updates.append(
                             ConditionUpdate(
-                                type=old.check,
+                                type=key[0],
                                 status=Status.OK,
                                 target=key[1],
                                 message="no longer reported",
@@ -334,6 +333,19 @@ class HealthDaemon:
             respond(faults)
         except Exception:
             log.exception("responding to %s failed", [r.fault_class for r in faults])
+
+    def _previous_targets(self, check: str) -> list[tuple[str, str]]:
+        """What `check` reported last time. On its first run since this daemon started, that
+        is what the store holds for it: a condition an earlier daemon (an earlier boot) left
+        CRITICAL would otherwise stay CRITICAL, and the same fault again would be no change."""
+        latest = self._latest.get(check)
+        if latest is not None:
+            return [(r.check, r.target or "") for r in latest[1]]
+        return [
+            (c.type, c.target)
+            for c in self.store.conditions(self.node, type=check)
+            if c.status in (Status.WARN, Status.CRITICAL, Status.UNKNOWN)
+        ]
 
     def _worth_writing(self, update: ConditionUpdate, now: float) -> bool:
         key = (update.type, update.target)

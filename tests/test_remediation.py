@@ -381,3 +381,21 @@ def test_application_and_ignorable_xids_start_nothing(lab: Lab, store: Store, xi
     assert ep.EpisodeStore(store).find(node="n1") == []
     assert "DRAIN" not in node_info(lab, "n1")["state_flags"]
     assert store.conditions("n1", status="CRITICAL") == []
+
+
+@pytest.mark.parametrize("xid", [79, 95], ids=["reboot_path", "reset_path"])
+def test_a_repaired_node_sees_the_next_fault(lab: Lab, store: Store, xid: int) -> None:
+    """The same fault twice on one node: the daemon that came back with the node (after a
+    reboot) or kept running (after a reset) sees the second one, and the ladder repairs again."""
+    lab.start_healthd("n2")
+    poll("first round", lambda: bool(store.conditions("n2", type="gpu_xid")), timeout=20)
+    for attempt in (1, 2):
+        lab.inject("n2", 0, [f"xid={xid}"])
+        poll(
+            f"episode {attempt} opened",
+            lambda n=attempt: len(ep.EpisodeStore(store).find(node="n2")) == n,
+            timeout=10,
+        )
+        episode = wait_closed(store, "n2", timeout=90)
+        assert episode.state == ep.RESOLVED, episode.message
+        assert "DRAIN" not in node_info(lab, "n2")["state_flags"]
