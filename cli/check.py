@@ -36,14 +36,21 @@ from cli.admin import (
     iso,
     json_option,
     load,
-    opened_store,
     store_option,
     warn,
 )
 from healthd.checks.base import CheckConfig, CheckContext, Kind, Result, Status, Tier
 from healthd.runner import CheckOutcome, Runner
 from medic_core.config import ConfigError, MedicConfig
-from medic_core.store import ConditionUpdate, Severity
+from medic_core.store import (
+    BadStoreURL,
+    ConditionUpdate,
+    Severity,
+    Store,
+    StoreError,
+    open_store,
+    store_settings,
+)
 
 EXIT_UNKNOWN = 3
 EXIT_WARN = 4
@@ -155,11 +162,12 @@ def plan(
     runner: Runner,
     tiers: Sequence[Tier],
     wanted: Sequence[str],
-    skip_gpu: bool,
+    skip_gpu: str,
 ) -> Plan:
     """The checks `medic check` runs: `wanted` (every enabled check when empty) in `tiers`,
     without the GPU checks on a node without a GPU driver. Raises AdminError (usage) for an
-    unknown name or an empty selection."""
+    unknown name or an empty selection. `skip_gpu`: why the GPU checks are left out ("": run
+    them)."""
     specs = runner.specs
     unknown = sorted(set(wanted) - set(specs))
     if unknown:
@@ -182,7 +190,7 @@ def plan(
             skipped.append((name, f"disabled in [checks.{name}]"))
             continue
         if skip_gpu and "nvml" in spec.needs:
-            skipped.append((name, "no NVIDIA driver on this node ([healthd] gpus = auto)"))
+            skipped.append((name, skip_gpu))
             continue
         names.append(name)
     if not names:
@@ -193,21 +201,23 @@ def plan(
 
 
 @contextmanager
-def nvml_for(gpus: str) -> Iterator[tuple[Any, bool]]:
-    """(the NVML client or None, whether to leave the GPU checks out), as the daemon and the
-    prolog's inline run decide: no driver on an `auto` node is a CPU node."""
+def nvml_for(gpus: str) -> Iterator[tuple[Any, str]]:
+    """(the NVML client or None, why the GPU checks are left out or ""), as the daemon and
+    the prolog's inline run decide: no driver on an `auto` node is a CPU node."""
     if gpus == "none":
-        yield None, True
+        yield None, "not a GPU node ([healthd] gpus = none)"
         return
     from healthd.nvml_client import NvmlError, NvmlUnavailable, PynvmlClient
 
     opened = PynvmlClient(call_timeout=NVML_CALL_TIMEOUT)
     client: PynvmlClient | None = opened
-    skip = False
+    skip = ""
     try:
         opened.open()
     except NvmlUnavailable:
-        client, skip = None, gpus == "auto"
+        client = None
+        if gpus == "auto":
+            skip = "no NVIDIA driver on this node ([healthd] gpus = auto)"
     except NvmlError:
         pass  # a GPU node in trouble: the GPU checks report it
     try:
@@ -237,6 +247,21 @@ def run_plan(runner: Runner, chosen: Plan, budget: float | None) -> list[CheckOu
     return outcomes
 
 
+@contextmanager
+def _writable_store(config: MedicConfig, url: str | None) -> Iterator[Store]:
+    """The store to record in; created when missing, as the daemon would create it (unlike
+    the listings, which refuse a SQLite file that does not exist)."""
+    try:
+        store = open_store(url if url is not None else store_settings(config).url)
+    except (ConfigError, BadStoreURL, StoreError) as exc:
+        raise AdminError(
+            "cannot open the store to record the results", str(exc),
+            "check [store] url (medic config check) or pass --store URL",
+        ) from exc  # fmt: skip
+    with store:
+        yield store
+
+
 def record(
     config: MedicConfig,
     store_url: str | None,
@@ -250,7 +275,7 @@ def record(
     from healthd.daemon import SEVERITY_OF, merge_by_target
 
     changed = 0
-    with opened_store(config, store_url) as store:
+    with _writable_store(config, store_url) as store:
         for o in outcomes:
             conditions = merge_by_target(r for r in o.results if r.kind is Kind.CONDITION)
             updates = [
