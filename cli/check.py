@@ -29,6 +29,7 @@ from cli.admin import (
     EXIT_PROBLEM,
     EXIT_USAGE,
     AdminError,
+    actor,
     clip,
     config_option,
     echo_json,
@@ -36,6 +37,7 @@ from cli.admin import (
     iso,
     json_option,
     load,
+    slurm_client,
     store_option,
     warn,
 )
@@ -51,6 +53,8 @@ from medic_core.store import (
     open_store,
     store_settings,
 )
+from remediation import episodes as ep
+from slurm_hooks.slurm import SlurmError
 
 EXIT_UNKNOWN = 3
 EXIT_WARN = 4
@@ -276,6 +280,7 @@ def record(
 
     changed = 0
     with _writable_store(config, store_url) as store:
+        stored = store.conditions(node=node)
         for o in outcomes:
             conditions = merge_by_target(r for r in o.results if r.kind is Kind.CONDITION)
             updates = [
@@ -283,6 +288,14 @@ def record(
                                 r.message, dict(r.evidence))
                 for r in conditions
             ]  # fmt: skip
+            # This run speaks for the whole check: a target it no longer reports (a GPU's
+            # XID aged out) is cleared, as the daemon clears it, not left CRITICAL.
+            seen = {u.target for u in updates}
+            updates += [
+                ConditionUpdate(c.type, Status.OK, c.target, message="no longer reported")
+                for c in stored
+                if c.type == o.name and c.target not in seen and c.status is not Status.OK
+            ]
             changes = store.set_conditions(node, updates, at) if updates else []
             changed += sum(1 for c in changes if c.previous_status != c.status)
             for event in o.results:
@@ -331,6 +344,12 @@ def _check_configs(config: MedicConfig) -> tuple[dict[str, CheckConfig], str, fl
     is_flag=True,
     help="Also write the results to the store as this node's conditions.",
 )
+@click.option(
+    "--requalify",
+    is_flag=True,
+    help="After an RMA ticket was closed: run the re-qualification checks, and if they pass, "
+    "clear the tickets' flag and resume the node (if Medic drained it).",
+)
 @json_option
 @store_option
 @config_option
@@ -338,13 +357,25 @@ def check(
     tier_word: str | None,
     names: tuple[str, ...],
     record_results: bool,
+    requalify: bool,
     as_json: bool,
     store_url: str | None,
     config_path: Path | None,
 ) -> None:
     """Run health checks on this node now, in this process; exit 0 healthy, 1 CRITICAL,
-    3 UNKNOWN, 4 WARN (2: usage)."""
-    code = _check(tier_word, names, record_results, as_json, store_url, config_path)
+    3 UNKNOWN, 4 WARN (2: usage). With --requalify: 0 re-qualified, 1 not."""
+    if requalify:
+        if tier_word or names:
+            raise AdminError(
+                "--requalify runs its own set of checks",
+                "re-qualification is the launch and periodic tiers plus [remediation] "
+                "requalify_checks, as the ladder runs it",
+                "drop --tier and --check",
+                EXIT_USAGE,
+            )
+        code = _requalify(as_json, store_url, config_path)
+    else:
+        code = _check(tier_word, names, record_results, as_json, store_url, config_path)
     if code != EXIT_OK:
         raise SystemExit(code)
 
@@ -394,3 +425,97 @@ def _check(
     if not results:
         warn("the checks returned no results")
     return exit_code(results)
+
+
+# --- re-qualification after an RMA ----------------------------------------------------------
+
+
+def blocking(results: Iterable[Result]) -> list[Result]:
+    """What keeps a node out after a repair: CRITICAL or UNKNOWN (as the ladder verifies)."""
+    return [r for r in results if r.status in (Status.CRITICAL, Status.UNKNOWN)]
+
+
+def _requalify(as_json: bool, store_url: str | None, config_path: Path | None) -> int:
+    from remediation import tickets
+    from remediation.settings import RemediationSettings
+    from slurm_hooks.drain_reason import DrainOutcome, resume_if_medic
+
+    config = load(config_path)
+    configs, gpus, _ = _check_configs(config)
+    try:
+        extra = RemediationSettings.from_config(config).requalify_checks
+    except ConfigError as exc:
+        raise AdminError("the configuration has a bad [remediation] table", str(exc),
+                         "fix it (medic config check)", EXIT_USAGE) from exc  # fmt: skip
+    node = config.node_name
+    with _writable_store(config, store_url) as store:
+        if not tickets.needs_requalification(store, node):
+            raise AdminError(
+                f"{node} has no closed RMA ticket waiting for re-qualification",
+                "--requalify clears what `medic rma close` set, and nothing is set",
+                "run `medic check` to see the node's health, `medic rma list --node "
+                f"{node} --all` for its tickets",
+            )
+    started = dt.datetime.now(dt.UTC)
+    begin = time.monotonic()
+    with nvml_for(gpus) as (client, skip_gpu):
+        runner = Runner(CheckContext.for_root(config.paths.host_root, nvml=client), configs)
+        chosen = plan(runner, DEFAULT_TIERS, (), skip_gpu)
+        outcomes = run_plan(runner, chosen, None)
+        if extra:  # one by one, like the deep tier
+            outcomes += run_plan(runner, plan(runner, tuple(Tier), list(extra), skip_gpu), None)
+    seconds = time.monotonic() - begin
+    record(config, store_url, node, outcomes, started)
+    results = [r for o in outcomes for r in o.results]
+    stopped = blocking(results)
+    cleared: list[int] = []
+    outcome = ""
+    slurm_error = ""
+    if not stopped:
+        who = actor()
+        with _writable_store(config, store_url) as store:
+            cleared = tickets.requalified(
+                store, node, who, f"medic check --requalify: {len(outcomes)} checks passed"
+            )
+            episodes = ep.EpisodeStore(store)
+            for e in episodes.find(node=node, states=(ep.RMA,)):
+                if e.ticket_id in cleared:
+                    episodes.update(e.id, state=ep.RESOLVED, message=f"{e.message}; re-qualified")
+            try:
+                outcome = resume_if_medic(slurm_client(config), node).value
+            except SlurmError as exc:
+                slurm_error = str(exc)
+            store.add_event(
+                node, at=dt.datetime.now(dt.UTC), kind="admin", severity=Severity.INFO,
+                source=f"cli:{who}", message=f"re-qualified by {who}: {outcome or slurm_error}",
+                evidence={"action": "requalify", "actor": who, "tickets": cleared,
+                          "slurm": outcome or slurm_error},
+            )  # fmt: skip
+    if as_json:
+        doc = report_json(node, [t.value for t in DEFAULT_TIERS], outcomes, chosen.skipped,
+                          started, seconds)  # fmt: skip
+        doc.update(requalified=not stopped, tickets_cleared=cleared, slurm=outcome or slurm_error)
+        echo_json(doc)
+    else:
+        echo_table(HEADERS, result_rows(o for o in outcomes if blocking(o.results)))
+        click.echo(summary_line(node, outcomes, seconds))
+    if stopped:
+        first = stopped[0]
+        if not as_json:
+            click.echo(f"{node} did not pass re-qualification: it stays out of service")
+        raise AdminError(
+            f"{node} is not re-qualified: {first.check} {first.status.value}",
+            first.message,
+            "repair it and run `medic check --requalify` again, or reopen the RMA",
+        )
+    if not as_json:
+        ids = ", ".join(str(i) for i in cleared)
+        click.echo(f"{node} re-qualified (RMA ticket {ids} cleared): {outcome or 'Slurm: ?'}")
+        if outcome == DrainOutcome.NOT_OURS.value:
+            click.echo(f"(the drain is not Medic's: `medic node resume {node} --force` when sure)")
+    if slurm_error:
+        raise AdminError(
+            f"{node} re-qualified, but Slurm did not resume it", slurm_error,
+            f"resume it with `medic node resume {node} --reason TEXT`",
+        )  # fmt: skip
+    return EXIT_OK

@@ -110,6 +110,13 @@ def test_usage_errors_exit_2(host: Path, tmp_path: Path) -> None:
     bad.write_text(host.read_text() + "\n[checks.cpus]\ntimeout = -1\n")
     assert run(bad).exit_code == 2
     assert run(host, "--tier", "sometimes").exit_code == 2
+    mixed = run(host, "--requalify", "--check", "cpus")
+    assert mixed.exit_code == 2 and "--requalify runs its own set of checks" in mixed.stderr
+    nothing = run(host, "--requalify")  # no closed RMA ticket waits for c1
+    assert nothing.exit_code == 1
+    assert nothing.stderr.startswith(
+        "medic: c1 has no closed RMA ticket waiting for re-qualification\n"
+    )
 
 
 def test_the_deep_tier_runs_one_check_after_another(host: Path) -> None:

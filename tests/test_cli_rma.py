@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,12 @@ from click.shell_completion import BashComplete
 from click.testing import CliRunner, Result
 
 from cli.admin import actor
+from cli.lab import scenario
 from cli.lab.cluster import Lab
 from cli.main import medic
 from cli.nodes import nodes
 from cli.rma import rma_command
+from medic_core import proc
 from medic_core.store import ConditionUpdate, Store, open_store
 from remediation import tickets as rma
 from remediation.episodes import ACTING, EpisodeStore
@@ -27,6 +30,7 @@ from tests.conftest import poll
 from tests.pg import PostgresServer, pg_server  # noqa: F401  (pytest fixture)
 
 T0 = dt.datetime(2025, 3, 1, 3, 12, 7, tzinfo=dt.UTC)
+MEDIC = str(Path(sys.executable).parent / "medic")
 GPU2 = Gpu(2, "GPU-8c5a6f1e-0000-4000-8000-000000000002", "1654321000002", "00000000:47:00.0")
 
 
@@ -258,9 +262,14 @@ def test_completion_offers_ticket_ids_and_node_names(store: Store, store_url: st
 def rma_first(lab: Lab, tmp_path: Path) -> Path:
     """The lab's config with XID 79 sent straight to RMA (a site that never reboots for it)."""
     path = tmp_path / "medic.toml"
-    path.write_text(
-        lab.layout.medic_conf.read_text() + '\n[remediation.first_rung]\n"gpu.xid.79" = "rma"\n'
-    )
+    text = lab.layout.medic_conf.read_text()
+    if "\nfirst_rung = { " in text:  # the lab sets some of its own
+        text = text.replace("\nfirst_rung = { ", '\nfirst_rung = { "gpu.xid.79" = "rma", ', 1)
+    else:
+        text = text.replace(
+            "[remediation]\n", '[remediation]\nfirst_rung = { "gpu.xid.79" = "rma" }\n', 1
+        )
+    path.write_text(text)
     return path
 
 
@@ -293,3 +302,52 @@ def test_the_ladders_ticket_in_the_lab(lab: Lab, tmp_path: Path) -> None:
     with open_store(f"sqlite:///{lab.layout.store_db}") as store:
         assert rma.needs_requalification(store, "n3")
     assert "re-qualification: pending" in run("show", tid, *c).stdout
+
+    # The node was powered off for the swap: no daemon until it is back.
+    lab.stop_healthd("n3")
+    code, doc = requalify(lab, conf, "n3")
+    assert code == 1 and doc["requalified"] is False, doc  # the old XID is still there
+    assert doc["tickets_cleared"] == [] and "DRAIN" in slurm_state(lab, "n3")
+    with open_store(f"sqlite:///{lab.layout.store_db}") as store:
+        assert rma.needs_requalification(store, "n3")
+
+    swap_gpu(lab, "n3")
+    code, doc = requalify(lab, conf, "n3")
+    assert code == 0 and doc["requalified"] is True, doc
+    assert doc["tickets_cleared"] == [ticket["id"]] and doc["slurm"] == "resumed"
+    poll("n3 back in service", lambda: "DRAIN" not in slurm_state(lab, "n3"))
+    assert "re-qualification: passed " in run("show", tid, *c).stdout
+    with open_store(f"sqlite:///{lab.layout.store_db}") as store:
+        assert not rma.needs_requalification(store, "n3")
+        assert [a.note for a in rma.audit(store, ticket["id"])][-1].startswith(
+            "medic check --requalify: "
+        )
+        assert not [x for x in store.conditions(node="n3") if x.status.value == "CRITICAL"]
+    listed = json.loads(CliRunner().invoke(nodes, ["--json", "--all", *c]).stdout)["nodes"]
+    [after] = [n for n in listed if n["node"] == "n3"]
+    assert after["episode"] is None and after["health"] == "OK", after  # episode resolved
+    assert "DRAIN" not in after["slurm_flags"] and after["drain_reason"] == ""
+    again, _ = requalify(lab, conf, "n3")
+    assert again == 1  # nothing waits any more
+
+
+def slurm_state(lab: Lab, name: str) -> list[str]:
+    return list(next(n for n in lab.sinfo_nodes() if n["name"] == name)["state_flags"])
+
+
+def requalify(lab: Lab, conf: Path, node: str) -> tuple[int | None, Any]:
+    """`medic check --requalify --json` on the node (a child process: it loads the lab's
+    simulated libnvidia-ml)."""
+    env = {**lab.process_env(node), "MEDIC_CONFIG": str(conf)}
+    done = proc.run([MEDIC, "check", "--requalify", "--json"], timeout=60, env=env)
+    assert done.returncode is not None, done.describe_failure()
+    return done.returncode, json.loads(done.stdout) if done.stdout else None
+
+
+def swap_gpu(lab: Lab, node: str) -> None:
+    """What the technician's visit leaves: the GPU replaced and the node booted afresh (no
+    XID in the driver, a new kernel log)."""
+    layout = lab.layout.node(node)
+    current = scenario.read_scenario(layout.scenario)
+    scenario.write_scenario(layout.scenario, scenario.reboot(current))
+    (layout.host_root / "dev/kmsg").write_text("")
