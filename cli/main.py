@@ -26,6 +26,7 @@ medic.add_command(checks)
 for command in (nodes, node, events, jobs, remediation, config, rma_command, check):
     medic.add_command(command)
 medic.add_command(sbatch)
+medic.add_command(__import__("cli.sweep", fromlist=["sweep"]).sweep)
 
 
 def main() -> None:

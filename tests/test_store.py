@@ -451,9 +451,10 @@ def test_migrations_must_be_numbered_without_gaps(store_url: str) -> None:
 
 def test_the_migrated_schema_matches_the_models(store: Store) -> None:
     from remediation.episodes import METADATA as REMEDIATION
+    from remediation.sweep import METADATA as SWEEP
 
     found = sa_inspect(store.engine)
-    models = [*Base.metadata.sorted_tables, *REMEDIATION.sorted_tables]
+    models = [*Base.metadata.sorted_tables, *REMEDIATION.sorted_tables, *SWEEP.sorted_tables]
     for table in models:
         columns = {c["name"]: c for c in found.get_columns(table.name)}
         assert set(columns) == set(table.columns.keys()), table.name

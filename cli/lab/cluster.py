@@ -327,6 +327,10 @@ class Lab:
         python = self.venv_bin / "python"
         reboot = f'{header}exec "{python}" -m cli.lab.reboot --lab-root "{self.root}"\n'
         self._write_script(self.layout.bin_dir / "medic-lab-reboot", reboot)
+        # Stand-ins for deep-tier tools, found through [checks.*] search_dirs (docs/lab.md).
+        self.layout.tools_dir.mkdir(parents=True, exist_ok=True)
+        dcgmi = f'{header}exec "{python}" -m cli.lab.dcgmi "$@"\n'
+        self._write_script(self.layout.tools_dir / "dcgmi", dcgmi)
 
     @staticmethod
     def _write_script(path: Path, text: str) -> None:

@@ -6,6 +6,7 @@
 <root>/munge/                   key, socket, pid, log of the lab's own munged
 <root>/ctld/                    slurmctld state, pid, log
 <root>/bin/                     hook wrappers named in slurm.conf
+<root>/tools/                   stand-ins for deep-tier tools (dcgmi)
 <root>/lib/libnvidia-ml.so.1    the NVML injection library
 <root>/nodes/<n>/               per node: spool, slurmd pid/log, host tree, state, scenario
 """
@@ -59,6 +60,10 @@ class LabLayout:
     @property
     def bin_dir(self) -> Path:
         return self.root / "bin"
+
+    @property
+    def tools_dir(self) -> Path:
+        return self.root / "tools"
 
     @property
     def lib_dir(self) -> Path:

@@ -88,6 +88,7 @@ THROTTLE_REASONS = {
 }
 
 RECOVERABLE_BY = ("reload", "reboot", "never")
+DCGM_VERDICTS = ("pass", "warn", "fail")
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,9 @@ class GpuState:
     missing: bool = False
     recoverable_by: str = "reboot"  # what brings a missing GPU back: reload|reboot|never
     hardware_fault: bool = False  # no repair changes this GPU; its last XID recurs
+    # What the lab's dcgmi (cli/lab/dcgmi.py) reports for this GPU: pass, warn or fail. A
+    # latent defect only a diagnostic finds: NVML shows nothing and no repair clears it.
+    dcgm_diag: str = "pass"
     processes: tuple[GpuProcess, ...] = ()
 
 
@@ -283,6 +287,7 @@ _GPU_KEYS: dict[str, tuple[str, _Codec]] = {
     "missing": ("missing", _BOOL),
     "recoverable_by": ("recoverable_by", _STR),
     "hardware_fault": ("hardware_fault", _BOOL),
+    "dcgm_diag": ("dcgm_diag", _STR),
     "processes": ("processes", _PROCS),
 }
 
@@ -422,6 +427,7 @@ VALID_KEYS = (
     "missing",
     "persistence",
     "hardware_fault",
+    "dcgm_diag",
     "process",
     "fail.<nvmlFunction>",
     "hang.<nvmlFunction>",
@@ -511,8 +517,15 @@ _GPU_SPECS: dict[str, Callable[[GpuState, str], GpuState]] = {
     "missing": _missing,
     "persistence": lambda g, v: replace(g, persistence=_flag(v)),
     "hardware_fault": lambda g, v: replace(g, hardware_fault=_flag(v)),
+    "dcgm_diag": lambda g, v: replace(g, dcgm_diag=_diag_verdict(v)),
     "process": _process,
 }
+
+
+def _diag_verdict(value: str) -> str:
+    if value not in DCGM_VERDICTS:
+        raise ValueError(f"expected one of {', '.join(DCGM_VERDICTS)}")
+    return value
 
 
 def _function_known(name: str) -> bool:

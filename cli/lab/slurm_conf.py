@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from cli.lab.layout import LabLayout
 
@@ -142,6 +143,20 @@ def render_medic_conf(layout: LabLayout, python: str = "python3") -> str:
             "action_timeout = 30.0",
             "cooldown = { gpu_reset = 0.0, driver_reload = 1.0, reboot = 1.0 }",
             "reboot_timeout = 120.0",
+            "# A failed DCGM diag (the lab's sweeps find them) starts at a reboot, not a human.",
+            'first_rung = { "gpu.dcgm.diag" = "reboot" }',
+            "",
+            "# The deep tier finds the lab's dcgmi (cli/lab/dcgmi.py), which reads the scenario.",
+            "[checks.deep_dcgm]",
+            f'search_dirs = ["{layout.tools_dir}"]',
+            "command_timeout = 60.0",
+            "timeout = 120.0",
+            "",
+            "# Sweeps run `medic sweep probe` from this venv on each node under srun.",
+            "[sweep]",
+            f'probe = ["{Path(python).parent / "medic"}", "sweep", "probe"]',
+            "timeout = 120.0",
+            "immediate = 20.0",
             "",
         ]
     )

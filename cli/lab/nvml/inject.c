@@ -223,8 +223,9 @@ static int parse_gpu_field(scenario *sc, unsigned int slot, const char *field, c
         return add_rule(sc->fails, &sc->nfails, field + 5, (int)slot, value);
     if (!strncmp(field, "hang.", 5))
         return add_rule(sc->hangs, &sc->nhangs, field + 5, (int)slot, value);
-    /* Python-side bookkeeping (what a repair clears); the library does not need it. */
-    if (!strcmp(field, "hardware_fault") || !strcmp(field, "recoverable_by"))
+    /* Python-side bookkeeping (what a repair clears, the lab's dcgmi); not NVML's. */
+    if (!strcmp(field, "hardware_fault") || !strcmp(field, "recoverable_by") ||
+        !strcmp(field, "dcgm_diag"))
         return 0;
     U32_FIELD("pci_device_id", pci_device_id);
     U32_FIELD("pci_subsystem_id", pci_subsystem_id);

@@ -37,6 +37,7 @@ from medic_core.store.engine import StoreError, writer
 from medic_core.store.migrations import m0001_conditions_events as m0001
 from medic_core.store.migrations import m0002_remediation as m0002
 from medic_core.store.migrations import m0003_rma as m0003
+from medic_core.store.migrations import m0004_sweeps as m0004
 from medic_core.store.models import UTCDateTime
 
 # pg_advisory_xact_lock key shared by every Medic that migrates a PostgreSQL database.
@@ -54,6 +55,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, m0001.DESCRIPTION, m0001.upgrade),
     Migration(2, m0002.DESCRIPTION, m0002.upgrade),
     Migration(3, m0003.DESCRIPTION, m0003.upgrade),
+    Migration(4, m0004.DESCRIPTION, m0004.upgrade),
 )
 
 _metadata = MetaData()
