@@ -1084,7 +1084,7 @@ class Sweeper:
         # (its episode may be closed already: needs_human); a second episode would double
         # count towards the lemon score.
         since = taken or self.rows.now()
-        own = [e for e in self.episodes.find(node=node, since=since)]
+        own = self.episodes.find(node=node, since=since)
         if own and not own[-1].open:
             return own[-1].id, f"episode {own[-1].id} ({own[-1].state}) opened by medic-healthd"
 

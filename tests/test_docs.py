@@ -12,6 +12,7 @@ from healthd.daemon import DaemonSettings
 from medic_core.config import load_config
 from medic_core.store import store_settings
 from remediation.settings import RemediationSettings
+from remediation.sweep import SweepSettings
 from slurm_hooks.settings import HookSettings
 
 DOCS = Path(__file__).parents[1] / "docs"
@@ -21,7 +22,7 @@ def toml_blocks(page: str) -> list[str]:
     return re.findall(r"```toml\n(.*?)```", (DOCS / page).read_text(), flags=re.S)
 
 
-@pytest.mark.parametrize("page", ["operator-guide.md", "remediation.md"])
+@pytest.mark.parametrize("page", ["operator-guide.md", "remediation.md", "sweeps.md"])
 def test_every_toml_example_validates(page: str, tmp_path: Path) -> None:
     blocks = toml_blocks(page)
     assert blocks, f"{page} shows no medic.toml"
@@ -34,3 +35,4 @@ def test_every_toml_example_validates(page: str, tmp_path: Path) -> None:
         store_settings(config)
         HookSettings.from_config(config)
         RemediationSettings.from_config(config)
+        SweepSettings.from_config(config)
