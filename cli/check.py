@@ -9,6 +9,10 @@ running beside it would take a share of.
 Exit codes (worst result wins, in this order): 1 a CRITICAL result (the prolog would refuse
 jobs), 3 an UNKNOWN result (a check could not tell: error, timeout, no NVML), 4 a WARN
 result, 0 only OK and NOT_APPLICABLE; 2 a usage or configuration error.
+
+`--requalify` is the end of an RMA (docs/rma.md): the checks the ladder verifies a repair
+with; when they pass, the closed tickets' re-qualification flag is cleared and Medic's drain
+resumed. Exit 0 re-qualified, 1 not.
 """
 
 from __future__ import annotations
