@@ -501,7 +501,9 @@ def _requalify(as_json: bool, store_url: str | None, config_path: Path | None) -
         doc.update(requalified=not stopped, tickets_cleared=cleared, slurm=outcome or slurm_error)
         echo_json(doc)
     else:
-        echo_table(HEADERS, result_rows(o for o in outcomes if blocking(o.results)))
+        rows = [row for row in result_rows(outcomes) if row[2] in ("CRITICAL", "UNKNOWN")]
+        if rows:
+            echo_table(HEADERS, rows)
         click.echo(summary_line(node, outcomes, seconds))
     if stopped:
         first = stopped[0]
