@@ -45,6 +45,7 @@ from cli.admin import (
     when,
 )
 from cli.complete import complete_node
+from cli.rma import LIST_HEADERS, list_rows, ticket_lines
 from medic_core.status import Status, worst
 from medic_core.store import Severity, Store
 from medic_core.store.models import ConditionRow
@@ -445,7 +446,8 @@ def show(
     store_url: str | None,
     config_path: Path | None,
 ) -> None:
-    """A node's Slurm state, conditions, recent events, and episodes with their steps."""
+    """A node's Slurm state, conditions, recent events, episodes with their steps, and RMA
+    tickets."""
     now = now_utc()
     config = load(config_path)
     info: NodeInfo | None = None
@@ -461,7 +463,8 @@ def show(
         episodes = ep.EpisodeStore(store)
         found = episodes.find(node=name)[-n_episodes:][::-1] if n_episodes else []
         steps = {e.id: episodes.steps(e.id) for e in found}
-    if info is None and not conditions and not recent and not found:
+        tickets = ticket_lines(store, node=name)
+    if info is None and not conditions and not recent and not found and not tickets:
         slurm_said = "Slurm did not answer" if slurm_error else "Slurm does not list it"
         raise AdminError(
             f"no node {name!r}",
@@ -489,6 +492,7 @@ def show(
                 ],
                 "events": [event_json(e) for e in recent],
                 "episodes": [episode_json(e, steps[e.id]) for e in found],
+                "tickets": [t.to_json() for t in tickets],
             }
         )  # fmt: skip
         return
@@ -530,6 +534,13 @@ def show(
                 f" {s.state} rc={rc} {when(s.started_at)}"
                 + (f" -> {when(s.ended_at)}" if s.ended_at else "")
             )
+    click.echo("")
+    click.echo(f"RMA tickets ({len(tickets)}):" if tickets else "RMA tickets: none")
+    if tickets:
+        echo_table(
+            ["  " + LIST_HEADERS[0], *(h for h in LIST_HEADERS[2:] if h != "BY")],
+            (["  " + r[0], *r[2:8], r[9]] for r in list_rows(tickets, now)),
+        )
     click.echo("")
     click.echo(f"recent events ({len(recent)}):" if recent else "recent events: none")
     if recent:

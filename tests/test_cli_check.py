@@ -5,6 +5,7 @@ PostgreSQL."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import sys
@@ -14,11 +15,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from cli import check as cli_check
 from cli.check import check, exit_code
 from cli.lab.cluster import Lab
+from healthd.checks.base import CheckContext, Status, Tier
 from healthd.checks.base import Result as CheckResult
-from healthd.checks.base import Status
 from healthd.fixtures import write_host_tree
+from healthd.runner import Runner
 from medic_core import proc
 from medic_core.store import open_store
 from tests.pg import PostgresServer, pg_server  # noqa: F401  (pytest fixture)
@@ -127,6 +130,22 @@ def test_the_deep_tier_runs_one_check_after_another(host: Path) -> None:
     # No tool on this host tree: each says so rather than guessing.
     assert {r["status"] for c in doc["checks"] for r in c["results"]} == {"NOT_APPLICABLE"}
     assert doc["exit_code"] == 0
+
+
+def test_a_progress_bar_on_a_terminal_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    write_host_tree(tmp_path / "host")
+    runner = Runner(CheckContext.for_root(tmp_path / "host"))
+    deep = cli_check.plan(runner, (Tier.DEEP,), (), "")
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(cli_check.sys, "stderr", stream)
+        outcomes = cli_check.run_plan(runner, deep, None)
+        assert [o.name for o in outcomes] == list(deep.names)
+        drawn = stream.getvalue()
+        assert ("deep checks" in drawn and "deep_stream" in drawn) is shown, drawn
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

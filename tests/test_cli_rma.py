@@ -19,7 +19,7 @@ from cli.admin import actor
 from cli.lab import scenario
 from cli.lab.cluster import Lab
 from cli.main import medic
-from cli.nodes import nodes
+from cli.nodes import node, nodes
 from cli.rma import rma_command
 from medic_core import proc
 from medic_core.store import ConditionUpdate, Store, open_store
@@ -147,6 +147,16 @@ def test_a_ticket_followed_to_closure(store: Store, store_url: str) -> None:
 
     rma.requalified(store, "gpu07", "medic-ladder")
     assert "re-qualification: passed " in run("show", str(ticket.id), *url).stdout
+
+    # The node's own page lists its tickets.
+    page = CliRunner().invoke(node, ["show", "gpu07", *url], catch_exceptions=False)
+    assert page.exit_code == 0, page.output
+    section = page.stdout.split("RMA tickets (1):\n")[1].splitlines()
+    assert section[0].split()[:3] == ["TICKET", "STATE", "FAULT"]
+    assert section[1].split()[:5] == [str(ticket.id), "closed", "(replaced)", "gpu.xid.79", "2"]
+    detail_json = CliRunner().invoke(node, ["show", "gpu07", "--json", *url]).stdout
+    [listed_ticket] = json.loads(detail_json)["tickets"]
+    assert (listed_ticket["id"], listed_ticket["requalify"]) == (ticket.id, False)
 
 
 def test_a_ticket_opened_by_hand_carries_the_stores_evidence(store: Store, store_url: str) -> None:
