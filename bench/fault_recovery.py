@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from cli.lab.cluster import Lab, wait_for
+from cli.lab.cluster import Lab, LabError, wait_for
 from cli.lab.slurm_conf import LabSpec
 
 
@@ -49,9 +50,12 @@ def back_in_service(lab: Lab, name: str) -> bool:
 
 
 def one_run(lab: Lab, xid: int) -> tuple[float, float, float]:
-    out = lab.slurm(["sbatch", "--parsable", "--resilient=5", "-N1", "--wrap", "sleep 600"])
+    started = lab.root / f"bench-{time.monotonic_ns()}.started"
+    script = f"touch {started}; sleep 600"
+    out = lab.slurm(["sbatch", "--parsable", "--resilient=5", "-N1", "--wrap", script])
     job_id = out.stdout.strip().split(";")[0]
-    wait_for("job running", lambda: squeue_job(lab, job_id)["job_state"] == "RUNNING", 30, 0.02)
+    # squeue says RUNNING while the prolog still runs: the script's own mark says it started.
+    wait_for("job running", started.exists, 30, 0.02)
     victim = squeue_job(lab, job_id)["nodes"]
     restarts = squeue_job(lab, job_id)["restart_cnt"]
     t0 = time.monotonic()
@@ -74,7 +78,17 @@ def one_run(lab: Lab, xid: int) -> tuple[float, float, float]:
     wait_for("node back in service", lambda: back_in_service(lab, victim), 180, 0.1)
     t_back = time.monotonic() - t0
     lab.slurm(["scancel", job_id])
-    wait_for("job gone", lambda: squeue_job_gone(lab, job_id), 30, 0.05)
+    try:
+        wait_for("job gone", lambda: squeue_job_gone(lab, job_id), 60, 0.05)
+    except LabError as exc:
+        left = json.loads(lab.slurm(["squeue", "--json", "--jobs", job_id]).stdout)["jobs"]
+        states = [(j["job_state"], j.get("nodes"), j.get("state_reason")) for j in left]
+        raise LabError(f"{exc}: job {job_id} is {states}") from exc
+    print(
+        f"xid {xid} on {victim}: drained {t_drained:.2f} s, running again {t_running:.2f} s,"
+        f" back in service {t_back:.2f} s",
+        file=sys.stderr,
+    )
     return t_drained, t_running, t_back
 
 

@@ -756,8 +756,9 @@ def attach_ladder(daemon: HealthDaemon) -> None:
 def fault_responder(daemon: HealthDaemon) -> Callable[[list[Result]], None]:
     """Slurm's side of a fresh CRITICAL fault: drain this node (Medic's reason) and requeue
     its resilient jobs (slurm_hooks.actions.respond_to_fault); each outcome is an event."""
-    from slurm_hooks.actions import respond_to_fault, slurm_client
+    from slurm_hooks.actions import respond_to_fault, slurm_client, start_releaser
     from slurm_hooks.settings import HookSettings
+    from slurm_hooks.slurm import JobInfo
     from slurm_hooks.verdict import Finding
 
     def respond(faults: list[Result]) -> None:
@@ -780,7 +781,12 @@ def fault_responder(daemon: HealthDaemon) -> Callable[[list[Result]], None]:
                     target=first.target,
                 )
                 return
-            drained, actions = respond_to_fault(client, daemon.node, findings, settings)
+
+            def make_eligible(job: JobInfo) -> None:
+                start_releaser(daemon.config, job.job_id, job.restart_count)
+
+            after = make_eligible if settings.release_held else None
+            drained, actions = respond_to_fault(client, daemon.node, findings, settings, after)
             if daemon.ladder is not None and admission is not None and drained is not None:
                 daemon.ladder.drained(admission, drained.value)
         daemon.wake_ladder.set()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,19 +119,20 @@ def refuse_launch(
         outcome = None
         print(f"medic-prolog: drain failed: {exc}", file=sys.stderr)
     if settings.release_held and job_id:
-        start_releaser(config, job_id)
+        restarts = os.environ.get("SLURM_JOB_RESTART_COUNT", "0")  # absent on a first run
+        start_releaser(config, job_id, int(restarts) if restarts.isdigit() else 0)
     kept = f" (drain: {outcome.value})" if isinstance(outcome, DrainOutcome) else ""
     return f"{config.node_name} refused job {job_id}: {reason}{kept}"
 
 
-def start_releaser(config: MedicConfig, job_id: str) -> None:
-    """A detached `python -m slurm_hooks.release`: it must outlive this prolog, which Slurm
-    waits for before it requeues (and holds) the job."""
+def start_releaser(config: MedicConfig, job_id: str, restarts: int) -> None:
+    """A detached `python -m slurm_hooks.release`: it must outlive the prolog, which Slurm
+    waits for before it requeues (and holds) the job, and a daemon a reboot stops."""
     log_dir = config.paths.state_dir
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **slurm_env(config)}
     proc.spawn(
-        [sys.executable, "-m", "slurm_hooks.release", "--job", job_id],
+        [sys.executable, "-m", "slurm_hooks.release", "--job", job_id, "--restarts", str(restarts)],
         log_path=log_dir / f"release-{job_id}.log",
         env=env,
     )
@@ -157,6 +158,7 @@ def respond_to_fault(
     node: str,
     findings: Sequence[Finding],
     settings: HookSettings,
+    after_requeue: Callable[[JobInfo], None] | None = None,
 ) -> tuple[DrainOutcome | None, list[JobAction]]:
     """A fresh CRITICAL fault on `node`: drain it (Medic's reason, never over another's),
     requeue the resilient jobs running there within their restart budget, and tell the
@@ -189,6 +191,8 @@ def respond_to_fault(
         except SlurmError as exc:
             actions.append(JobAction(job.job_id, "requeue_failed", str(exc)))
             continue
+        if after_requeue is not None:
+            after_requeue(job)
         detail = f"requeued off {node} ({first.fault_class}); restart {used + 1}/{allowed}"
         actions.append(JobAction(job.job_id, "requeued", detail))
     return drained, actions

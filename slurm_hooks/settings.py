@@ -20,7 +20,9 @@ class HookSettings:
         10.0, minimum=0.5, maximum=300, doc="seconds the prolog may spend on a verdict"
     )
     release_held: bool = setting(
-        True, doc="release a job Slurm held after Medic's prolog refused a node"
+        True,
+        doc="release a job Slurm held after Medic's prolog refused a node, and make a job"
+        " Medic requeued eligible at once instead of after cred_expire and a backfill cycle",
     )
     release_wait: float = setting(
         60.0, minimum=1, maximum=3600, doc="seconds to wait for that job to be held"
