@@ -37,6 +37,7 @@ from slurm_hooks.verdict import Finding
 
 log = logging.getLogger("medic.remediation")
 
+REQUALIFY_RETRY = 60.0  # seconds between re-qualification runs of a node back from RMA
 REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
 
 
@@ -82,6 +83,7 @@ class Ladder:
         self.slurm = slurm
         self.host = host
         self.settings = settings
+        self._last_requalify = -REQUALIFY_RETRY
 
     # ---- admission: before Medic drains anything --------------------------------------
 
@@ -214,7 +216,7 @@ class Ladder:
         in particular right after a restart."""
         episode = self.store.open_for(self.node)
         if episode is None:
-            return None
+            return self._requalify_after_rma()
         if self.store.control().paused or episode.state == ep.PAUSED:
             return episode
         if episode.state == ep.WAITING_IDLE:
@@ -242,7 +244,8 @@ class Ladder:
     def _act(self, episode: ep.Episode) -> ep.Episode:
         rung = Rung(episode.rung)
         if rung is Rung.RMA:
-            return self._rma(episode, "every rung tried" if episode.first_rung < 4 else "")
+            why = "every rung tried" if episode.first_rung < 4 else "policy: no repair to try"
+            return self._rma(episode, why)
         if self.settings.dry_run:
             self.host.event(
                 f"dry run: would start {rung.word} for {episode.fault_class}",
@@ -345,6 +348,48 @@ class Ladder:
             episode.id, failed_requalifications=episode.failed_requalifications + 1
         )
         return self._escalate(episode, f"still {first.status.value}: {first.message}")
+
+    def _requalify_after_rma(self) -> ep.Episode | None:
+        """A closed RMA ticket (the part replaced) keeps the node out until it passes the
+        checks a repair must pass; then the ticket's flag is cleared, its episode resolved
+        and Medic's drain lifted. A failing node is tried again every REQUALIFY_RETRY."""
+        from remediation import tickets
+
+        if not tickets.needs_requalification(self.store.store, self.node):
+            return None
+        now = time.monotonic()
+        if self.store.control().paused or now - self._last_requalify < REQUALIFY_RETRY:
+            return None
+        self._last_requalify = now
+        findings = self.host.verify(self.settings.requalify_checks)
+        blocking = [f for f in findings if f.status in (Status.CRITICAL, Status.UNKNOWN)]
+        rma = [e for e in self.store.find(node=self.node) if e.state == ep.RMA]
+        last = rma[-1] if rma else None
+        if blocking:
+            first = blocking[0]
+            self.host.event(
+                f"RMA closed, but re-qualification failed: {first.check} "
+                f"{first.status.value}: {first.message}; the node stays out",
+                severity="WARN",
+                fault_class=last.fault_class if last else first.fault_class,
+                target=last.target if last else "",
+            )
+            return None
+        cleared = tickets.requalified(
+            self.store.store, self.node, "medic-healthd", f"{len(findings)} checks passed"
+        )
+        for episode in rma[:-1]:
+            if episode.ticket_id in cleared:
+                self.store.update(episode.id, state=ep.RESOLVED)
+        if last is not None and last.ticket_id in cleared:
+            return self._resolve(last)  # lifts Medic's drain, never another's
+        self.host.event(
+            f"RMA ticket(s) {cleared} re-qualified; no episode of Medic's to close",
+            severity="INFO",
+            fault_class="rma.requalified",
+            target="",
+        )
+        return None
 
     def _escalate(self, episode: ep.Episode, why: str) -> ep.Episode:
         rung = Rung(episode.rung)

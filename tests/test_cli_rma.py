@@ -361,3 +361,28 @@ def swap_gpu(lab: Lab, node: str) -> None:
     current = scenario.read_scenario(layout.scenario)
     scenario.write_scenario(layout.scenario, scenario.reboot(current))
     (layout.host_root / "dev/kmsg").write_text("")
+
+
+def test_the_daemon_requalifies_a_node_back_from_rma(lab: Lab, tmp_path: Path) -> None:
+    """Closing a ticket is not enough to return the node: the node's own daemon, once the
+    node is back, runs the re-qualification checks and only then lifts Medic's drain."""
+    conf = rma_first(lab, tmp_path)
+    c = ("--config", str(conf))
+    lab.start_healthd("n3", config=conf)
+    lab.inject("n3", 2, ["xid=79"])
+    poll("the ladder's RMA ticket", lambda: bool(as_json("list", *c)), timeout=20)
+    [ticket] = as_json("list", *c)
+    tid = str(ticket["id"])
+    lab.stop_healthd("n3")  # powered off for the technician
+    for state in ("submitted", "acknowledged", "replaced"):
+        assert run("update", tid, "--state", state, *c).exit_code == 0
+    assert run("close", tid, "--note", "GPU 2 swapped", *c).exit_code == 0
+    swap_gpu(lab, "n3")
+    lab.start_healthd("n3", config=conf)
+
+    poll("n3 back in service", lambda: "DRAIN" not in slurm_state(lab, "n3"), timeout=30)
+    with open_store(f"sqlite:///{lab.layout.store_db}") as store:
+        assert not rma.needs_requalification(store, "n3")
+        assert rma.audit(store, ticket["id"])[-1].actor == "medic-healthd"
+        [episode] = EpisodeStore(store).find(node="n3")
+        assert (episode.state, episode.ticket_id) == ("resolved", ticket["id"])
