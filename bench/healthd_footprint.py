@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 from cli.lab.cluster import Lab
-from cli.lab.slurm_conf import LabSpec
+from cli.lab.slurm_conf import LabSpec, with_check_options
 from healthd.api import ask
 from healthd.checks import registry
 
@@ -33,8 +33,8 @@ def footprint(seconds: float, interval: float, sample_every: float) -> dict[str,
         lab.up(LabSpec(nodes=1, gpus_per_node=8))
         try:
             config = Path(tmp) / "footprint.toml"
-            tables = "".join(f"[checks.{s.name}]\ninterval = {interval}\n" for s in registry())
-            config.write_text(lab.layout.medic_conf.read_text() + "\n" + tables)
+            options = {s.name: f"interval = {interval}" for s in registry()}
+            config.write_text(with_check_options(lab.layout.medic_conf.read_text(), options))
             pid = lab.start_healthd("n1", config=config)
             process = psutil.Process(pid)
             time.sleep(interval)  # let start-up finish before measuring steady state

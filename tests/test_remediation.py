@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cli.lab.cluster import Lab
+from cli.lab.slurm_conf import with_check_options
 from healthd.checks import registry
 from medic_core.status import Status
 from medic_core.store import Store, open_store
@@ -89,11 +90,9 @@ def fast_config(lab: Lab, tmp_path: Path, extra: str = "") -> Path:
         # A halved PCIe link is a gray failure worth a reset here (the default is WARN).
         "gpu_pcie": 'status = "CRITICAL"\n',
     }
-    tables = "".join(
-        f"[checks.{s.name}]\ninterval = 2\n{special.get(s.name, '')}" for s in registry()
-    )
+    options = {s.name: f"interval = 2\n{special.get(s.name, '')}" for s in registry()}
     path = tmp_path / "medic.toml"
-    path.write_text(lab.layout.medic_conf.read_text() + "\n" + tables + extra)
+    path.write_text(with_check_options(lab.layout.medic_conf.read_text(), options) + extra)
     return path
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,3 +161,19 @@ def render_medic_conf(layout: LabLayout, python: str = "python3") -> str:
             "",
         ]
     )
+
+
+def with_check_options(medic_conf: str, options: Mapping[str, str]) -> str:
+    """`medic_conf` with TOML lines added to `[checks.<name>]` for each name in `options`:
+    into the table where the lab's config already has it (TOML forbids a second one),
+    else as a new table at the end."""
+    lines = medic_conf.splitlines()
+    extra: list[str] = []
+    for name, body in options.items():
+        header = f"[checks.{name}]"
+        if header in lines:
+            at = lines.index(header) + 1
+            lines[at:at] = body.splitlines()
+        else:
+            extra += [header, *body.splitlines()]
+    return "\n".join([*lines, *extra]) + "\n"
