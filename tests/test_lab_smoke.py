@@ -122,3 +122,17 @@ def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
     assert small.tagged_pids() == []
     assert not any(pid_alive(p) for p in pids)
     assert not small.layout.munge_socket.exists()
+
+
+def test_the_readme_demo_tells_the_whole_story(tmp_path: Path) -> None:
+    """README's first command, minus the install: a lab of its own, fault to repair."""
+    done = proc.run(
+        [sys.executable, "-m", "cli.lab.demo", "--dir", str(tmp_path / "demo")], timeout=300
+    )
+    assert done.returncode == 0, done.describe_failure()
+    out = done.stdout
+    assert "medic: gpu.xid.79" in out  # drained with Medic's reason
+    assert "restarts=1" in out  # the job's second start
+    assert "equals an uninterrupted run's: True" in out
+    assert "repaired and re-qualified: resumed" in out  # the ladder, by itself
+    assert out.rstrip().endswith("is down")
