@@ -585,12 +585,14 @@ def check_config(config: MedicConfig) -> list[str]:
     from healthd.checks import load_check_configs
     from healthd.daemon import DaemonSettings
     from remediation.settings import RemediationSettings
+    from remediation.sweep import SweepSettings
     from remediation.webhook import WebhookSettings
 
     DaemonSettings.from_config(config)
     checks = load_check_configs(config)
     HookSettings.from_config(config)
     RemediationSettings.from_config(config)
+    SweepSettings.from_config(config)
     webhook = WebhookSettings.from_config(config)
     store = store_settings(config)
     conf = config.table("slurm").get("conf")

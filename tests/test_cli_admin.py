@@ -246,6 +246,7 @@ def test_config_check_validates_every_table(lab: Lab, tmp_path: Path) -> None:
         "healthd.jitter": base.replace("[healthd]\n", "[healthd]\njitter = 5\n"),
         "checks.nope": base + "\n[checks.nope]\nenabled = false\n",
         "hooks.on_unknown": base + '\n[hooks]\non_unknown = "maybe"\n',
+        "sweep.share": base.replace("[sweep]\n", "[sweep]\nshare = 3\n"),
         "remediation.max_drained_share": base.replace(
             "[remediation]\n", "[remediation]\nmax_drained_share = 2\n"
         ),
