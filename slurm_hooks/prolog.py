@@ -21,11 +21,27 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from healthd.api import HealthdUnavailable, ask
 from medic_core.config import ConfigError, load_config
 
 DEFAULT_BUDGET = 10.0
+
+
+def _reply_from_front() -> dict[str, Any] | None:
+    """The daemon's answer when the compiled front (medic-hook) already asked and was not
+    told "allow": asking again would record the gate decision twice."""
+    text = os.environ.pop("MEDIC_LAUNCH_REPLY", "")
+    if not text:
+        return None
+    import json
+
+    try:
+        reply = json.loads(text)
+    except ValueError:
+        return None
+    return reply if isinstance(reply, dict) else None
 
 
 def main() -> int:
@@ -37,14 +53,16 @@ def main() -> int:
         return 0
     budget = config.table("hooks").get("launch_budget", DEFAULT_BUDGET)
     budget = float(budget) if isinstance(budget, int | float) else DEFAULT_BUDGET
-    try:
-        reply = ask(
-            config.paths.socket,
-            {"op": "launch", "budget": budget * 0.8, "job_id": job_id},
-            timeout=budget * 0.9,
-        )
-    except HealthdUnavailable as exc:
-        reply = {"allow": None, "note": str(exc)}
+    reply = _reply_from_front()
+    if reply is None:
+        try:
+            reply = ask(
+                config.paths.socket,
+                {"op": "launch", "budget": budget * 0.8, "job_id": job_id},
+                timeout=budget * 0.9,
+            )
+        except HealthdUnavailable as exc:
+            reply = {"allow": None, "note": str(exc)}
     if reply.get("allow") is True:
         return 0
     from slurm_hooks.gate import gate_slow_path

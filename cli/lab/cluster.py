@@ -33,6 +33,7 @@ from cli.lab.slurm_conf import (
     render_slurm_conf,
 )
 from medic_core import proc
+from slurm_hooks.native import build as native_build
 
 # libslurm-dev and gcc build the --resilient SPANK plugin (and gcc the NVML library).
 DEBIAN_PACKAGES = ("munge", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "gcc")
@@ -300,6 +301,7 @@ class Lab:
         self._write_wrappers()
         build_library(layout.lib_dir)
         plugin = spank_build.build_plugin(layout.lib_dir)
+        native_build.build_hook(layout.lib_dir, self.venv_bin / "medic-prolog")
         (layout.etc / "plugstack.conf").write_text(f"required {plugin}\n")
         shutil.copyfile(spank_build.CLI_FILTER, layout.etc / "cli_filter.lua")
         for name in state.spec.node_names():
@@ -320,10 +322,15 @@ class Lab:
         in production slurm.conf names the console scripts directly."""
         exports = "".join(f"export {k}='{v}'\n" for k, v in self.env().items())
         header = f"#!/bin/sh\n# Written by `medic lab up`.\nexport PATH='{SYSTEM_PATH}'\n{exports}"
+        # The Prolog and Epilog go through the compiled front, as on a production node; it
+        # finds this node's daemon from SLURMD_NODENAME, the one variable every hook gets.
+        node_dir = self.layout.node_template().replace("{node}", "${SLURMD_NODENAME}")
+        front = self.layout.lib_dir / native_build.BINARY_NAME
+        fast = f'{header}export MEDIC_SOCKET="{node_dir}/healthd.sock"\nexec "{front}" "$@"\n'
         for hook in HOOKS:
-            self._write_script(
-                self.layout.bin_dir / hook, f'{header}exec "{self.venv_bin / hook}" "$@"\n'
-            )
+            direct = f'{header}exec "{self.venv_bin / hook}" "$@"\n'
+            text = fast if hook in ("medic-prolog", "medic-epilog") else direct
+            self._write_script(self.layout.bin_dir / hook, text)
         python = self.venv_bin / "python"
         reboot = f'{header}exec "{python}" -m cli.lab.reboot --lab-root "{self.root}"\n'
         self._write_script(self.layout.bin_dir / "medic-lab-reboot", reboot)

@@ -24,7 +24,7 @@ class BuildError(RuntimeError):
     """The plugin could not be built; the message is one line saying why."""
 
 
-def _up_to_date(output: Path, inputs: list[Path]) -> bool:
+def up_to_date(output: Path, inputs: list[Path]) -> bool:
     if not output.exists():
         return False
     built = output.stat().st_mtime_ns
@@ -40,7 +40,7 @@ def build_plugin(out_dir: Path, include_dir: Path = INCLUDE_DIR) -> Path:
         raise BuildError(f"{header} not found: {HEADER_HINT}")
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / PLUGIN_NAME
-    if _up_to_date(output, [SOURCE, header, Path(__file__)]):
+    if up_to_date(output, [SOURCE, header, Path(__file__)]):
         return output
     tmp = out_dir / f".{PLUGIN_NAME}.{os.getpid()}.tmp"
     argv = [
@@ -59,12 +59,12 @@ def build_plugin(out_dir: Path, include_dir: Path = INCLUDE_DIR) -> Path:
     result = proc.run(argv, timeout=GCC_TIMEOUT)
     if not result.ok:
         tmp.unlink(missing_ok=True)
-        raise BuildError(f"building {PLUGIN_NAME} failed: {_gcc_message(result)}")
+        raise BuildError(f"building {PLUGIN_NAME} failed: {gcc_message(result)}")
     tmp.replace(output)
     return output
 
 
-def _gcc_message(result: proc.CommandResult) -> str:
+def gcc_message(result: proc.CommandResult) -> str:
     if result.start_error:
         return f"cannot run gcc ({result.start_error}); install gcc"
     if result.timed_out:
