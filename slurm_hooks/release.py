@@ -38,7 +38,9 @@ def held_by_prolog_failure(job: JobInfo) -> bool:
     return job.state == "PENDING" and "launch failed requeued held" in text
 
 
-REVOKE_GRACE = 2.0  # seconds; slurmd compares credential times in whole seconds
+# Slurm's cred.c: a credential is revoked when `cred->ctime <= j->revoked`, both time_t
+# (whole seconds): a new one issued in the second of the revocation would be refused.
+REVOKE_GRACE = 2.0
 
 
 def requeued_for_later(job: JobInfo, restarts_before: int | None) -> bool:

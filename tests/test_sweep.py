@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.lab.cluster import Lab
+from cli.lab.cluster import Lab, pid_alive
 from medic_core import proc
 from medic_core.status import Status
 from medic_core.store import open_store
@@ -34,6 +34,7 @@ from remediation.sweep import (
     share_cap,
 )
 from tests.conftest import poll
+from tests.pg import PostgresServer, pg_server  # noqa: F401  (pytest fixture)
 
 NOW = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
 
@@ -285,3 +286,41 @@ def test_an_interrupted_sweep_resumes_and_gives_back_exactly_its_nodes(
     assert nodes["n2"]["reason"] == admin and "DRAIN" in nodes["n2"]["state_flags"]
     jobs = [j for j in lab.active_jobs() if str(j.get("name", "")).startswith("medic-sweep-")]
     assert jobs == []  # the orphaned probe was cancelled, not left running
+
+
+def test_a_sweep_on_a_postgresql_store(
+    lab: Lab,
+    tmp_path: Path,
+    pg_server: PostgresServer,  # noqa: F811
+) -> None:
+    """The fleet setting: the sweep's state, its lock (an advisory lock) and the ladder's
+    episode in PostgreSQL."""
+    url = pg_server.create_database("sweeps")
+    config = tmp_path / "medic.toml"
+    sqlite = f'url = "sqlite:///{lab.layout.store_db}"'
+    text = lab.layout.medic_conf.read_text()
+    assert sqlite in text
+    config.write_text(text.replace(sqlite, f'url = "{url}"'))
+    env = {**lab.process_env(), "MEDIC_CONFIG": str(config)}
+    lab.inject("n4", 5, ["dcgm_diag=fail"])
+    log = tmp_path / "sweep.log"
+    pid = proc.spawn([_medic(lab), "sweep", "run", "--json"], log_path=log, env=env)
+    try:
+        with open_store(url) as store:
+            rows = SweepStore(store)
+            poll("the sweep to plan", lambda: rows.active() is not None, 60)
+            busy = proc.run([_medic(lab), "sweep", "run"], timeout=60, env=env)
+            assert busy.returncode == 75, busy.tail()  # the advisory lock is held
+            poll("the sweep to finish", lambda: not pid_alive(pid), 240)
+            report = json.loads(log.read_text()[log.read_text().index("{") :])
+            by_node = {n["node"]: (n["state"], n["status"]) for n in report["nodes"]}
+            assert by_node.pop("n4") == ("handed", FAIL)
+            assert set(by_node.values()) == {(RETURNED, PASS)} and len(by_node) == 4
+            _assert_share_held(rows.nodes(report["sweep"]), 1)
+            episode = ep.EpisodeStore(store).open_for("n4")
+            assert episode is not None and episode.fault_class == "gpu.dcgm.diag"
+    finally:
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert "DRAIN" in _node(lab, "n4")["state_flags"]
+    assert _reservations(lab) == "No reservations in the system"
