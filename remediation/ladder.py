@@ -37,6 +37,7 @@ from slurm_hooks.verdict import Finding
 
 log = logging.getLogger("medic.remediation")
 
+JOIN_WINDOW = 60.0  # seconds in which the same fault joins the episode it just closed
 REQUALIFY_RETRY = 60.0  # seconds between re-qualification runs of a node back from RMA
 REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
 
@@ -98,6 +99,10 @@ class Ladder:
         current = self.store.open_for(self.node)
         if current is not None:
             return Admission(True, current, f"joins episode {current.id}")
+        handed = self._just_handed_over(first)
+        if handed is not None:
+            # Whatever the first report decided (a drain, or none past the cap) stands.
+            return Admission(False, handed, f"joins episode {handed.id} ({handed.state})")
         recommendation = _recommendation(first)
         rung = first_rung(first.fault_class, recommendation, self.settings.first_rung)
         control = self.store.control()
@@ -140,6 +145,18 @@ class Ladder:
         drain = drain and state != ep.PAUSED and not signature
         log.warning("episode %d on %s: %s %s", episode.id, self.node, state, why)
         return Admission(drain, episode, why or f"starts at {Rung(rung).word if rung else '-'}")
+
+    def _just_handed_over(self, finding: Finding) -> ep.Episode | None:
+        """The same fault reported twice (a sweep and the node's daemon both saw the deep
+        check fail) joins the episode the first report closed for a human or an RMA, instead
+        of opening a second one within JOIN_WINDOW."""
+        closed = self.store.find(node=self.node, states=(ep.NEEDS_HUMAN, ep.RMA))
+        if not closed:
+            return None
+        last = closed[-1]
+        age = (self.store.now() - last.updated_at).total_seconds()
+        same = (last.fault_class, last.target) == (finding.fault_class, finding.target)
+        return last if same and age < JOIN_WINDOW else None
 
     def drained(self, admission: Admission, outcome: str) -> None:
         """What the drain did: a drain that is not Medic's hands the node to its owner."""

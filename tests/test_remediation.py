@@ -356,6 +356,19 @@ def test_dry_run_records_and_does_nothing(lab: Lab, store: Store) -> None:
     assert admission.drain  # the drain is still wanted: a sick node must not take jobs
 
 
+def test_the_same_fault_reported_twice_joins_the_episode_it_closed(lab: Lab, store: Store) -> None:
+    """A sweep and the node's daemon both see a deep check fail: one episode, not two."""
+    ladder, _ = _ladder(lab, store, "n5", enabled=False)  # every episode goes to a human
+    first = ladder.admit([XID_95])
+    assert first.episode is not None and first.episode.state == ep.NEEDS_HUMAN and first.drain
+    again = ladder.admit([XID_95])
+    assert again.episode is not None and again.episode.id == first.episode.id
+    assert not again.drain  # what the first report decided stands
+    other = Finding("gpu_ecc", Status.CRITICAL, "gpu.ecc.dbe", "1", "DBE", "gpu_reset")
+    different = ladder.admit([other])
+    assert different.episode is not None and different.episode.id != first.episode.id
+
+
 def test_pause_switch_stops_the_ladder(lab: Lab, store: Store) -> None:
     ladder, _ = _ladder(lab, store, "n4")
     ep.EpisodeStore(store).set_paused(True, "maintenance window", "alice")
