@@ -1,4 +1,4 @@
-"""`medic rma list|show|open|update|close`: RMA tickets from the store (remediation.tickets;
+"""`medic rma list|show|open|update|close|retry`: RMA tickets from the store (remediation.tickets;
 docs/rma.md), for the operator following a part back to the vendor and the node back into
 service.
 
@@ -688,6 +688,23 @@ def rma_close(
         f"{ticket.node} must pass re-qualification before it takes jobs again "
         f"(medic rma show {ticket.id} says when it has)"
     )
+
+
+@rma_group.command("retry")
+@click.argument("ticket_id", metavar="[ID]", type=int, required=False,
+                shell_complete=complete_ticket)  # fmt: skip
+@store_option
+@config_option
+def rma_retry(ticket_id: int | None, store_url: str | None, config_path: Path | None) -> None:
+    """Queue again the webhook deliveries the receiver refused (HTTP 4xx), of ticket ID or of
+    every ticket, once the cause (the secret, the receiver) is fixed; the daemons send them."""
+    config = load(config_path)
+    with opened_store(config, store_url) as store:
+        if ticket_id is not None:
+            _ticket_or_fail(store, ticket_id)
+        count = rma.retry_failed(store, ticket_id)
+    which = f"of RMA ticket {ticket_id}" if ticket_id is not None else "of every ticket"
+    click.echo(f"{count} refused notification(s) {which} queued again")
 
 
 # `rma` is the name operators type; `rma_group` keeps the Python name free for the module.

@@ -520,6 +520,31 @@ def test_a_400_is_not_retried_and_is_marked_failed(lite: Store, serve: Any) -> N
     assert (again.state, again.attempts, again.last_status) == ("delivered", 2, 200)
 
 
+def test_medic_rma_retry_queues_the_refused_deliveries_again(
+    lite: Store, serve: Any, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from cli.rma import rma_command
+
+    receiver = serve((400, {}), (200, {}))
+    ticket = open_one(lite)
+    settings = settings_for(receiver.url)
+    [refused] = deliver_pending(lite, settings)
+    assert refused.state == "failed"
+    url = f"sqlite:///{tmp_path / 'lite' / 'medic.db'}"
+    config = tmp_path / "medic.toml"
+    config.write_text("")
+    args = ["--store", url, "--config", str(config)]
+    missing = CliRunner().invoke(rma_command, ["retry", "999", *args])
+    assert missing.exit_code == 1 and "999" in missing.stderr
+    done = CliRunner().invoke(rma_command, ["retry", str(ticket.id), *args])
+    assert done.exit_code == 0, done.output
+    assert done.stdout.startswith(f"1 refused notification(s) of RMA ticket {ticket.id} queued")
+    [again] = deliver_pending(lite, settings)
+    assert (again.state, again.last_status) == ("delivered", 200)
+
+
 def test_a_redirect_is_not_followed(lite: Store, serve: Any) -> None:
     receiver = serve((307, {"Location": "http://127.0.0.1:9/elsewhere"}))
     open_one(lite)
