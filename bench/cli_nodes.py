@@ -209,16 +209,19 @@ def fill(store: Store, nodes: int, days: int, now: dt.datetime, seed: int) -> di
     return counts
 
 
-def nodes_json(store: Store, slurm: list[NodeInfo], show_all: bool) -> tuple[str, int]:
-    """The function behind `medic nodes --json [--all]`, Slurm's list given."""
-    now = dt.datetime.now(dt.UTC)
-    views = fleet(store, slurm)
+def nodes_json(
+    store: Store, slurm: list[NodeInfo], show_all: bool, now: dt.datetime
+) -> tuple[str, int]:
+    """The function behind `medic nodes --json [--all]`, Slurm's list given. `now` is the
+    fleet's own time: its daemons wrote their conditions in the 5 minutes before it, as a
+    live fleet's do (a later clock would find every daemon silent while the data loads)."""
+    views = fleet(store, slurm, now)
     shown = select_views(views, show_all=show_all)
     control = ep.EpisodeStore(store).control()
     return json.dumps(report_json(views, shown, control, now), indent=2), len(shown)
 
 
-def measure(url: str, slurm: list[NodeInfo], runs: int) -> dict[str, Any]:
+def measure(url: str, slurm: list[NodeInfo], runs: int, now: dt.datetime) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for label, show_all in (("attention", False), ("all", True)):
         times = []
@@ -226,7 +229,7 @@ def measure(url: str, slurm: list[NodeInfo], runs: int) -> dict[str, Any]:
         for _ in range(runs):
             started = time.perf_counter()
             with open_store(url) as store:  # as the command does: open (schema check), query
-                _, shown = nodes_json(store, slurm, show_all)
+                _, shown = nodes_json(store, slurm, show_all, now)
             times.append(time.perf_counter() - started)
         result[label] = {
             "nodes_listed": shown,
@@ -243,7 +246,7 @@ def run_backend(url: str, args: argparse.Namespace, now: dt.datetime) -> dict[st
         filled = fill(store, args.nodes, args.days, now, args.seed)
         backend = store.backend
     slurm = slurm_nodes(args.nodes, random.Random(args.seed))
-    return {"backend": backend, **filled, **measure(url, slurm, args.runs)}
+    return {"backend": backend, **filled, **measure(url, slurm, args.runs, now)}
 
 
 def main(argv: list[str] | None = None) -> int:

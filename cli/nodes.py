@@ -55,6 +55,9 @@ from slurm_hooks.slurm import NodeInfo, SlurmError
 
 NOT_OK = (Status.WARN.value, Status.CRITICAL.value, Status.UNKNOWN.value)
 NO_DATA = "NO_DATA"  # no condition in the store: no medic-healthd has reported
+# A running medic-healthd rewrites its conditions at least every 5 minutes (REFRESH_SECONDS in
+# healthd.daemon); three missed refreshes mean the node is not being watched.
+SILENT_AFTER = dt.timedelta(minutes=15)
 # Slurm states and flags that take a node out of service.
 OUT_STATES = frozenset({"DOWN", "FAIL", "ERROR", "UNKNOWN", "FUTURE"})
 OUT_FLAGS = frozenset(
@@ -103,6 +106,8 @@ class NodeView:
     health: str = NO_DATA
     faults: list[Fault] = field(default_factory=list)
     episode: EpisodeBrief | None = None  # the newest, unless it was resolved
+    last_report: dt.datetime | None = None  # the daemon's newest condition write
+    silent: bool = False  # it has reported, but not for SILENT_AFTER
 
     @property
     def slurm_state(self) -> str:
@@ -135,9 +140,14 @@ class NodeView:
 
     @property
     def attention(self) -> bool:
-        """Out of service, not healthy, or with an episode a human should know about."""
+        """Out of service, not healthy, unwatched (its daemon silent), or with an episode a
+        human should know about."""
         healthy = self.health in (Status.OK.value, NO_DATA)
-        return self.out_of_service or not healthy or self.episode is not None
+        return self.out_of_service or not healthy or self.silent or self.episode is not None
+
+    @property
+    def health_cell(self) -> str:
+        return f"{self.health} (silent)" if self.silent else self.health
 
     def fault_classes(self) -> set[str]:
         found = {f.reason or f.type for f in self.faults}
@@ -157,6 +167,8 @@ class NodeView:
             "slurm_flags": sorted(s.flags) if s else [],
             "partitions": list(s.partitions) if s else [],
             "health": self.health,
+            "last_report": iso(self.last_report),
+            "daemon_silent": self.silent,
             "faults": [
                 {
                     "type": f.type,
@@ -194,15 +206,21 @@ def natural_key(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
-def fleet(store: Store, slurm_nodes: Sequence[NodeInfo] | None) -> list[NodeView]:
-    """Every node Slurm or the store knows, with its health, faults and newest episode."""
+def fleet(
+    store: Store, slurm_nodes: Sequence[NodeInfo] | None, now: dt.datetime | None = None
+) -> list[NodeView]:
+    """Every node Slurm or the store knows, with its health, faults, newest episode, and
+    whether its daemon has gone silent (as of `now`)."""
+    silent_before = (now or dt.datetime.now(dt.UTC)) - SILENT_AFTER
     conditions = ConditionRow.__table__
     episodes = ep.episodes
     newest = (
         select(func.max(episodes.c.id).label("id")).group_by(episodes.c.node).subquery("newest")
     )
     with store.engine.connect() as conn:
-        seen = set(conn.execute(select(conditions.c.node).distinct()).scalars())
+        seen = conn.execute(
+            select(conditions.c.node, func.max(conditions.c.updated_at)).group_by(conditions.c.node)
+        ).all()
         bad = conn.execute(
             select(
                 conditions.c.node, conditions.c.type, conditions.c.target,
@@ -221,9 +239,11 @@ def fleet(store: Store, slurm_nodes: Sequence[NodeInfo] | None) -> list[NodeView
     views: dict[str, NodeView] = {}
     for info in slurm_nodes or ():
         views[info.name] = NodeView(info.name, info)
-    for name in seen:
+    for name, last in seen:
         view = views.setdefault(name, NodeView(name, None))
         view.health = Status.OK.value
+        view.last_report = _aware(last)
+        view.silent = view.last_report < silent_before
     for node, type_, target, status, reason, since in bad:
         view = views.setdefault(node, NodeView(node, None))
         view.faults.append(Fault(type_, target, status, reason, _aware(since)))
@@ -292,10 +312,11 @@ def _summary(views: Sequence[NodeView]) -> str:
     by_medic = sum(1 for v in views if v.out_of_service and v.drained_by == "medic")
     sick = sum(1 for v in views if v.health in NOT_OK)
     episodes = sum(1 for v in views if v.episode is not None and v.episode.open)
+    silent = sum(1 for v in views if v.silent)
     return (
         f"{total} nodes: {out} out of service ({by_medic} drained by Medic), "
         f"{sick} not healthy, {episodes} being repaired"
-    )
+    ) + (f", {silent} with a silent medic-healthd" if silent else "")
 
 
 def report_json(
@@ -369,7 +390,7 @@ def nodes(
     config = load(config_path)
     with opened_store(config, store_url) as store:
         slurm_nodes = _slurm_nodes(config, store_only)
-        views = fleet(store, slurm_nodes)
+        views = fleet(store, slurm_nodes, now)
         control = ep.EpisodeStore(store).control()
     shown = select_views(
         views, show_all=show_all, states=states, partitions=partitions, faults=faults
@@ -390,7 +411,7 @@ def nodes(
                 ("NODE", "STATE", "HEALTH", "FAULTS", "EPISODE", "RUNG", "SINCE", "DRAIN REASON"),
                 (
                     [
-                        v.node, v.slurm_state, v.health, _faults_cell(v.faults),
+                        v.node, v.slurm_state, v.health_cell, _faults_cell(v.faults),
                         v.episode.state if v.episode else "-",
                         rung_name(v.episode.rung) if v.episode else "-",
                         age(v.since, now), clip(v.drain_reason, 60) or "-",
@@ -480,6 +501,8 @@ def show(
     if conditions:
         w = worst(c.status for c in conditions)
         view.health = w.value if w.value in NOT_OK else Status.OK.value
+        view.last_report = max(_aware(c.updated_at) for c in conditions)
+        view.silent = view.last_report < now_utc() - SILENT_AFTER
     if as_json:
         echo_json(
             {
@@ -497,7 +520,14 @@ def show(
         )  # fmt: skip
         return
     partitions = ",".join(info.partitions) if info else "?"
-    click.echo(f"{name}  state {view.slurm_state}  partitions {partitions}  health {view.health}")
+    click.echo(
+        f"{name}  state {view.slurm_state}  partitions {partitions}  health {view.health_cell}"
+    )
+    if view.silent:
+        click.echo(
+            f"medic-healthd has not reported since {when(view.last_report)}: this node is not"
+            " being watched (systemctl status medic-healthd on it)"
+        )
     if view.drain_reason:
         by = f" (set by {info.reason_user})" if info and info.reason_user else ""
         owner = "Medic's" if view.drained_by == "medic" else "not Medic's: Medic leaves it alone"

@@ -303,12 +303,16 @@ def test_listings_on_a_postgresql_store(pg_url: str) -> None:  # noqa: F811
     got = {n["node"]: n for n in doc["nodes"]}
     assert got["pg2"]["health"] == "CRITICAL" and got["pg2"]["episode"]["rung"] == "reboot"
     assert got["pg3"]["health"] == "WARN" and got["pg3"]["episode"] is None
-    assert "pg1" not in got
+    # pg1 is healthy, but its daemon has written nothing for 5 hours: nobody watches it.
+    assert (got["pg1"]["health"], got["pg1"]["daemon_silent"]) == ("OK", True)
+    assert got["pg3"]["daemon_silent"] is False and got["pg3"]["last_report"]
     assert {n["node"] for n in as_json(nodes, *url, "--all")["nodes"]} >= {"pg1", "pg2", "pg3"}
     assert [n["node"] for n in as_json(nodes, *url, "--fault", "ib.port")["nodes"]] == ["pg2"]
     human = run(nodes, *url).stdout
     [row] = [line.split() for line in human.splitlines() if line.startswith("pg2 ")]
-    assert row[:6] == ["pg2", "?", "CRITICAL", "ib.port.down@mlx5_0:1", "acting", "reboot"]
+    assert row[:7] == ["pg2", "?", "CRITICAL", "(silent)", "ib.port.down@mlx5_0:1", "acting",
+                       "reboot"]  # fmt: skip
+    assert "with a silent medic-healthd" in human.splitlines()[0]
 
     detail = as_json(node, "show", "pg2", "--store", pg_url)
     [episode] = detail["episodes"]
