@@ -574,10 +574,27 @@ class Lab:
         boot_id = node.host_root / "proc/sys/kernel/random/boot_id"
         boot_id.parent.mkdir(parents=True, exist_ok=True)
         boot_id.write_text(f"{uuid.uuid4()}\n")
+        if slurmd_pid is not None:  # asked by slurmctld (RebootProgram), not by `medic lab`
+            self._after_reboot_stamp(name)
         slurmd = self.start_slurmd(name, rebooted=True)
         if had_healthd:
             self.start_healthd(name)
         return slurmd
+
+    def _after_reboot_stamp(self, name: str, timeout: float = 5.0) -> None:
+        """slurmctld takes a node as rebooted only if slurmd's boot time (whole seconds) is
+        later than the time it stamped on "reboot issued"; a simulated reboot can be quicker
+        than that second. Wait for the stamp, then for the clock to pass it."""
+
+        def stamp() -> int:
+            raw = next((n for n in self.sinfo_nodes() if n["name"] == name), {})
+            issued = str(raw.get("reason", "")).endswith("reboot issued")
+            return int(raw.get("reason_changed_at") or 0) if issued else 0
+
+        with contextlib.suppress(LabError):
+            wait_for("slurmctld to stamp the reboot", lambda: stamp() > 0, timeout, 0.05)
+        issued = stamp() or int(time.time())
+        wait_for("the clock to pass that second", lambda: time.time() >= issued + 1, 2.0, 0.02)
 
     def inject(self, name: str, gpu: int | None, specs: list[str]) -> None:
         node = self.node(name)
