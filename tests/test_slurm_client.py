@@ -5,6 +5,7 @@ the lab's real slurmctld/slurmd."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from slurm_hooks.drain_reason import (
     parse_reason,
     resume_if_medic,
 )
+from slurm_hooks.release import REVOKE_GRACE
 from slurm_hooks.slurm import (
     CliSlurm,
     JobInfo,
@@ -459,12 +461,16 @@ def test_requeue_hold_release_and_start_now(backend: tuple[SlurmClient, Lab]) ->
     poll("the job running", lambda: the_job(client, job_id).state == "RUNNING")
     assert the_job(client, job_id).requeue
     client.requeue(job_id)
+    requeued = time.monotonic()
     poll("requeued", lambda: the_job(client, job_id).state == "PENDING")
     assert the_job(client, job_id).restart_count == 1
     client.hold(job_id)
     poll("held", lambda: the_job(client, job_id).reason == "JobHeldAdmin")
     client.release(job_id)
     poll("released", lambda: not the_job(client, job_id).held)
+    # n2 refuses a credential issued in the second it revoked the old one (Slurm's cred.c):
+    # the releaser waits REVOKE_GRACE before start_now, and so does this.
+    poll("the revocation's second to pass", lambda: time.monotonic() - requeued >= REVOKE_GRACE)
     client.start_now(job_id)  # else it waits cred_expire + 1 s after the requeue
     poll("running again", lambda: the_job(client, job_id).state == "RUNNING", timeout=20)
     assert client.jobs_on("n2")[0].restart_count == 1
