@@ -19,6 +19,7 @@ whole cluster.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any
@@ -35,8 +36,6 @@ def _reply_from_front() -> dict[str, Any] | None:
     text = os.environ.pop("MEDIC_LAUNCH_REPLY", "")
     if not text:
         return None
-    import json
-
     try:
         reply = json.loads(text)
     except ValueError:

@@ -10,14 +10,11 @@ that script and the daemon's socket are compiled in:
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from pathlib import Path
 
-from medic_core import proc
 from medic_core.config import NodePaths
-from slurm_hooks.spank.build import GCC_TIMEOUT, BuildError, gcc_message, up_to_date
+from slurm_hooks.spank.build import BuildError, compile_c, up_to_date
 
 SOURCE = Path(__file__).with_name("medic_hook.c")
 BINARY_NAME = "medic-hook"
@@ -43,23 +40,7 @@ def build_hook(out_dir: Path, prolog: Path | None = None, socket: Path = NodePat
     fresh = stamp.exists() and stamp.read_text() == built_for
     if fresh and up_to_date(output, [SOURCE, Path(__file__)]):
         return output
-    tmp = out_dir / f".{BINARY_NAME}.{os.getpid()}.tmp"
-    argv = [
-        "gcc",
-        "-O2",
-        "-Wall",
-        "-Werror",
-        f'-DMEDIC_PROLOG="{prolog}"',
-        f'-DMEDIC_SOCKET_DEFAULT="{socket}"',
-        "-o",
-        str(tmp),
-        str(SOURCE),
-    ]
-    result = proc.run(argv, timeout=GCC_TIMEOUT)
-    if not result.ok:
-        tmp.unlink(missing_ok=True)
-        raise BuildError(f"building {BINARY_NAME} failed: {gcc_message(result)}")
-    tmp.replace(output)
+    compile_c(SOURCE, output, [f'-DMEDIC_PROLOG="{prolog}"', f'-DMEDIC_SOCKET_DEFAULT="{socket}"'])
     stamp.write_text(built_for)
     return output
 
@@ -75,9 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         "--socket", type=Path, default=NodePaths.socket, help="medic-healthd's socket"
     )
     args = parser.parse_args(argv)
-    if shutil.which("gcc") is None:
-        print("medic: gcc not found: apt-get install gcc", file=sys.stderr)
-        return 1
     try:
         print(build_hook(args.out_dir, args.prolog, args.socket))
     except BuildError as exc:

@@ -21,7 +21,7 @@ GCC_TIMEOUT = 60.0
 
 
 class BuildError(RuntimeError):
-    """The plugin could not be built; the message is one line saying why."""
+    """A C build (plugin, hook front, lab library) failed; the message is one line saying why."""
 
 
 def up_to_date(output: Path, inputs: list[Path]) -> bool:
@@ -42,24 +42,26 @@ def build_plugin(out_dir: Path, include_dir: Path = INCLUDE_DIR) -> Path:
     output = out_dir / PLUGIN_NAME
     if up_to_date(output, [SOURCE, header, Path(__file__)]):
         return output
-    tmp = out_dir / f".{PLUGIN_NAME}.{os.getpid()}.tmp"
-    argv = [
-        "gcc",
-        "-O2",
-        "-Wall",
-        "-Werror",
-        "-fPIC",
-        "-shared",
-        f"-I{include_dir}",
-        f"-DMEDIC_RESILIENT_DEFAULT={DEFAULT_RESTARTS}",
-        "-o",
-        str(tmp),
-        str(SOURCE),
-    ]
-    result = proc.run(argv, timeout=GCC_TIMEOUT)
+    flags = ["-fPIC", "-shared", f"-I{include_dir}",
+             f"-DMEDIC_RESILIENT_DEFAULT={DEFAULT_RESTARTS}"]  # fmt: skip
+    return compile_c(SOURCE, output, flags)
+
+
+def compile_c(
+    source: Path,
+    output: Path,
+    flags: list[str],
+    libs: tuple[str, ...] = (),
+    timeout: float = GCC_TIMEOUT,
+) -> Path:
+    """gcc -O2 -Wall -Werror `flags` `source` `libs` into `output`, through a temporary file
+    renamed into place: whatever runs or loads `output` never sees a half-written file."""
+    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    argv = ["gcc", "-O2", "-Wall", "-Werror", *flags, "-o", str(tmp), str(source), *libs]
+    result = proc.run(argv, timeout=timeout)
     if not result.ok:
         tmp.unlink(missing_ok=True)
-        raise BuildError(f"building {PLUGIN_NAME} failed: {gcc_message(result)}")
+        raise BuildError(f"building {output.name} failed: {gcc_message(result)}")
     tmp.replace(output)
     return output
 

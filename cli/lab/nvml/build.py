@@ -7,10 +7,9 @@ every exported signature and lays out every struct exactly as the driver's NVML 
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
-from medic_core import proc
+from slurm_hooks.spank.build import BuildError, compile_c, up_to_date
 
 SOURCE = Path(__file__).with_name("inject.c")
 LIBRARY_NAME = "libnvidia-ml.so.1"
@@ -71,10 +70,6 @@ EXPORTED_FUNCTIONS: tuple[str, ...] = (
 )
 
 
-class BuildError(RuntimeError):
-    """The library could not be built; the message is one line saying why."""
-
-
 def find_header_dir() -> Path:
     """The include directory holding NVIDIA's nvml.h from the nvidia-nvml-dev-cu12 wheel."""
     spec = importlib.util.find_spec("nvidia")
@@ -87,13 +82,6 @@ def find_header_dir() -> Path:
     raise BuildError(f"nvml.h not found: {HEADER_HINT}")
 
 
-def _up_to_date(output: Path, inputs: list[Path]) -> bool:
-    if not output.exists():
-        return False
-    built = output.stat().st_mtime_ns
-    return all(built > p.stat().st_mtime_ns for p in inputs)
-
-
 def build_library(out_dir: Path) -> Path:
     """Compile inject.c into out_dir/libnvidia-ml.so.1 unless it is newer than its inputs.
 
@@ -102,35 +90,7 @@ def build_library(out_dir: Path) -> Path:
     include = find_header_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / LIBRARY_NAME
-    if _up_to_date(output, [SOURCE, include / "nvml.h"]):
+    if up_to_date(output, [SOURCE, include / "nvml.h"]):
         return output
-    tmp = out_dir / f".{LIBRARY_NAME}.{os.getpid()}.tmp"
-    argv = [
-        "gcc",
-        "-O2",
-        "-Wall",
-        "-Werror",
-        "-fPIC",
-        "-shared",
-        f"-I{include}",
-        f"-Wl,-soname,{LIBRARY_NAME}",
-        "-o",
-        str(tmp),
-        str(SOURCE),
-        "-lpthread",
-    ]
-    result = proc.run(argv, timeout=GCC_TIMEOUT)
-    if not result.ok:
-        tmp.unlink(missing_ok=True)
-        raise BuildError(f"building {LIBRARY_NAME} failed: {_gcc_message(result)}")
-    tmp.replace(output)
-    return output
-
-
-def _gcc_message(result: proc.CommandResult) -> str:
-    if result.start_error:
-        return f"cannot run gcc ({result.start_error}); install gcc"
-    if result.timed_out:
-        return f"gcc timed out after {result.seconds:.0f}s"
-    errors = [line for line in result.stderr.splitlines() if ": error:" in line]
-    return (errors[0] if errors else result.describe_failure()).strip()
+    flags = ["-fPIC", "-shared", f"-I{include}", f"-Wl,-soname,{LIBRARY_NAME}"]
+    return compile_c(SOURCE, output, flags, libs=("-lpthread",), timeout=GCC_TIMEOUT)
