@@ -30,10 +30,10 @@ from typing import Any
 from sqlalchemy import Table, insert, text
 
 from cli.nodes import fleet, report_json, select_views
+from medic_core.slurm import NodeInfo
 from medic_core.store import Store, open_store
 from medic_core.store.models import ConditionRow, EventRow
 from remediation import episodes as ep
-from slurm_hooks.slurm import NodeInfo
 
 GPUS = 8
 NODE_CHECKS = [

@@ -22,6 +22,8 @@ from sqlalchemy import make_url, select
 
 from cli.complete import complete_node
 from medic_core.config import ConfigError, MedicConfig, load_config
+from medic_core.settings import HookSettings
+from medic_core.slurm import CliSlurm, JobInfo, SlurmError
 from medic_core.store import (
     BadStoreURL,
     Event,
@@ -37,8 +39,6 @@ from remediation import episodes as ep
 from remediation.policy import Rung
 from slurm_hooks.actions import slurm_env
 from slurm_hooks.resilient import parse_resilient
-from slurm_hooks.settings import HookSettings
-from slurm_hooks.slurm import CliSlurm, JobInfo, SlurmError
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -583,10 +583,12 @@ def check_config(config: MedicConfig) -> list[str]:
     """Validate every table the way the daemon and hooks do; returns what was checked.
     Raises ConfigError (one line: file, key, problem, fix)."""
     from healthd.checks import load_check_configs
-    from healthd.daemon import DaemonSettings
-    from remediation.settings import RemediationSettings
-    from remediation.sweep import SweepSettings
-    from remediation.webhook import WebhookSettings
+    from medic_core.settings import (
+        DaemonSettings,
+        RemediationSettings,
+        SweepSettings,
+        WebhookSettings,
+    )
 
     DaemonSettings.from_config(config)
     checks = load_check_configs(config)

@@ -1,7 +1,7 @@
 """`medic check`: run health checks on this node once, now, in this process.
 
 The same checks, configuration and runner as `medic-healthd` (and the prolog's inline launch
-tier, slurm_hooks.verdict.run_inline): fresh check instances, the node's NVML when there is
+tier, healthd.inline.run_inline): fresh check instances, the node's NVML when there is
 a driver. Launch and periodic checks run in parallel, as the daemon runs them; deep checks
 run one after another, because each measures a bandwidth or a throughput that a second one
 running beside it would take a share of.
@@ -48,6 +48,7 @@ from cli.admin import (
 from healthd.checks.base import CheckConfig, CheckContext, Kind, Result, Status, Tier
 from healthd.runner import CheckOutcome, Runner
 from medic_core.config import ConfigError, MedicConfig
+from medic_core.slurm import SlurmError
 from medic_core.store import (
     BadStoreURL,
     ConditionUpdate,
@@ -58,7 +59,6 @@ from medic_core.store import (
     store_settings,
 )
 from remediation import episodes as ep
-from slurm_hooks.slurm import SlurmError
 
 EXIT_UNKNOWN = 3
 EXIT_WARN = 4
@@ -280,7 +280,7 @@ def record(
     """Write the results to the store as the daemon would (conditions, and events that carry
     a fault class); returns how many conditions changed. Drains and the ladder are the
     daemon's: nothing here acts on a fault."""
-    from healthd.daemon import SEVERITY_OF, merge_by_target
+    from healthd.results import SEVERITY_OF, merge_by_target
 
     changed = 0
     with _writable_store(config, store_url) as store:
@@ -317,7 +317,7 @@ def record(
 
 def _check_configs(config: MedicConfig) -> tuple[dict[str, CheckConfig], str, float]:
     from healthd.checks import load_check_configs
-    from healthd.daemon import DaemonSettings
+    from medic_core.settings import DaemonSettings
 
     try:
         settings = DaemonSettings.from_config(config)
@@ -440,9 +440,9 @@ def blocking(results: Iterable[Result]) -> list[Result]:
 
 
 def _requalify(as_json: bool, store_url: str | None, config_path: Path | None) -> int:
+    from medic_core.drain_reason import DrainOutcome, resume_if_medic
+    from medic_core.settings import RemediationSettings
     from remediation import tickets
-    from remediation.settings import RemediationSettings
-    from slurm_hooks.drain_reason import DrainOutcome, resume_if_medic
 
     config = load(config_path)
     configs, gpus, _ = _check_configs(config)

@@ -46,12 +46,12 @@ from cli.admin import (
 )
 from cli.complete import complete_node
 from cli.rma import LIST_HEADERS, list_rows, ticket_lines
+from medic_core.drain_reason import is_medic_reason, parse_reason
+from medic_core.slurm import NodeInfo, SlurmError
 from medic_core.status import Status, worst
 from medic_core.store import Severity, Store
 from medic_core.store.models import ConditionRow
 from remediation import episodes as ep
-from slurm_hooks.drain_reason import is_medic_reason, parse_reason
-from slurm_hooks.slurm import NodeInfo, SlurmError
 
 NOT_OK = (Status.WARN.value, Status.CRITICAL.value, Status.UNKNOWN.value)
 NO_DATA = "NO_DATA"  # no condition in the store: no medic-healthd has reported

@@ -24,6 +24,8 @@ from cli.admin import (
     store_option,
 )
 from medic_core.config import ConfigError, MedicConfig, load_config
+from medic_core.settings import SweepSettings
+from medic_core.slurm import SlurmError
 from medic_core.store import StoreError, open_configured_store
 from remediation.sweep import (
     FINAL,
@@ -31,12 +33,10 @@ from remediation.sweep import (
     SweepBusy,
     Sweeper,
     SweepNode,
-    SweepSettings,
     SweepSlurm,
     SweepStore,
     probe,
 )
-from slurm_hooks.slurm import SlurmError
 
 EXIT_BUSY = 75  # EX_TEMPFAIL: another sweep runs; cron and the timer simply try next time
 

@@ -23,8 +23,7 @@ import socketserver
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,21 +35,21 @@ from healthd.checks.base import (
     Result,
     Status,
     Tier,
-    parse_check_config,
-    setting,
     worst,
 )
-from healthd.gpu_plumbing import GPU_MODES, GpuPlumbing, start_gpu_plumbing
+from healthd.gpu_plumbing import GpuPlumbing, start_gpu_plumbing
 from healthd.jobs import SpoolJobState
 from healthd.kmsg_watch import KmsgWatcher
 from healthd.metrics import DaemonMetrics
+from healthd.results import SEVERITY_OF, merge_by_target, result_json
 from healthd.runner import Runner, RunnerBusy, RunReport
 from healthd.xid_listener import EventKind, GpuEvent
 from medic_core.config import ConfigError, MedicConfig, load_config
+from medic_core.settings import DaemonSettings, WebhookSettings
 from medic_core.store import ConditionUpdate, Severity, Store, open_configured_store
 from remediation.episodes import EpisodeStore
 from remediation.ladder import Ladder
-from remediation.webhook import WebhookSettings, deliver_pending
+from remediation.webhook import deliver_pending
 
 log = logging.getLogger("medic.healthd")
 
@@ -59,87 +58,6 @@ SOCKET_OPS = ("ping", "status", "launch", "check", "job_end", "job_summary", "ev
 POST_JOB_CHECKS = ("gpu_count", "gpu_xid", "gpu_ecc", "gpu_retired_pages", "gpu_remapped_rows")
 HOOK_EVENT_KINDS = ("gate", "job_summary", "job_action")
 REFRESH_SECONDS = 300.0  # an unchanged condition's message, evidence and updated_at
-
-SEVERITY_OF = {
-    Status.CRITICAL: Severity.CRITICAL,
-    Status.WARN: Severity.WARN,
-    Status.UNKNOWN: Severity.WARN,
-}
-
-
-@dataclass(frozen=True, kw_only=True)
-class DaemonSettings:
-    """The `[healthd]` table (docs/operator-guide.md lists every key)."""
-
-    jitter: float = setting(
-        0.1, minimum=0, maximum=0.5, doc="each interval is stretched or shrunk by up to this share"
-    )
-    launch_budget: float = setting(
-        10.0, minimum=0.5, maximum=120, doc="seconds a launch verdict may take in all"
-    )
-    launch_max_age: float = setting(
-        60.0, minimum=0, maximum=3600, doc="launch-tier results younger than this are reused"
-    )
-    prune_every: float = setting(3600.0, minimum=60, maximum=86400, doc="seconds between prunes")
-    gpus: str = setting("auto", choices=GPU_MODES, doc="GPU node? auto, required or none")
-    nvml_call_timeout: float = setting(
-        3.0, minimum=0.1, maximum=60, doc="seconds before one NVML call counts as hung"
-    )
-    metrics_port: int = setting(9847, minimum=0, maximum=65535, doc="Prometheus port; 0: off")
-    metrics_address: str = setting("0.0.0.0", doc="address the metrics endpoint binds")
-    socket_group: str = setting(
-        "slurm", doc="group allowed on the socket (SlurmUser's); '' for root only"
-    )
-    slurmd_spool_dir: str = setting(
-        "/var/spool/slurmd", doc="slurmd's SlurmdSpoolDir (%n: node name), to see running jobs"
-    )
-
-    def problems(self) -> Iterator[tuple[str, str, str]]:
-        return iter(())
-
-    @classmethod
-    def from_config(cls, config: MedicConfig) -> DaemonSettings:
-        return parse_check_config(  # type: ignore[type-var]
-            cls, config.table("healthd"), prefix="healthd", source=config.source
-        )
-
-
-def result_json(result: Result) -> dict[str, Any]:
-    return {
-        "check": result.check,
-        "status": result.status.value,
-        "fault_class": result.fault_class,
-        "target": result.target,
-        "message": result.message,
-        "remediation": result.remediation.value if result.remediation else None,
-        "evidence": dict(result.evidence),
-    }
-
-
-def merge_by_target(results: Iterable[Result]) -> list[Result]:
-    """One result per (check, target): a condition is keyed by those two, so two findings on
-    one GPU (XID 79 and XID 48, say) become the worst of them, the rest in its evidence."""
-    groups: dict[tuple[str, str], list[Result]] = {}
-    for r in results:
-        groups.setdefault((r.check, r.target or ""), []).append(r)
-    merged = []
-    for group in groups.values():
-        top = max(group, key=lambda r: r.status.severity)
-        others = [r for r in group if r is not top and r.status.severity >= Status.WARN.severity]
-        if others:
-            also = [{"fault_class": r.fault_class, "message": r.message} for r in others]
-            top = Result(
-                top.check,
-                top.status,
-                top.fault_class,
-                top.target,
-                top.message,
-                {**top.evidence, "also": also},
-                top.remediation,
-                top.kind,
-            )
-        merged.append(top)
-    return merged
 
 
 class HealthDaemon:
@@ -491,8 +409,9 @@ class HealthDaemon:
     def gate(self, job_id: str, verdict: Mapping[str, Any]) -> dict[str, Any]:
         """The prolog's decision on a launch verdict, with the `[hooks]` policy, recorded
         for the job (an event of kind "gate")."""
-        from slurm_hooks.settings import HookSettings
-        from slurm_hooks.verdict import Verdict, decide
+        from medic_core.decide import decide_launch as decide
+        from medic_core.settings import HookSettings
+        from medic_core.vocabulary import Verdict
 
         seen = Verdict.from_reply(dict(verdict), "healthd", float(verdict.get("seconds", 0.0)))
         decision = decide(seen, HookSettings.from_config(self.config))
@@ -735,10 +654,9 @@ def build_daemon(config: MedicConfig) -> HealthDaemon:
 
 def attach_ladder(daemon: HealthDaemon) -> None:
     from healthd.ladder_host import DaemonLadderHost
+    from medic_core.settings import HookSettings, RemediationSettings
     from remediation.episodes import EpisodeStore
-    from remediation.settings import RemediationSettings
     from slurm_hooks.actions import slurm_client
-    from slurm_hooks.settings import HookSettings
 
     settings = RemediationSettings.from_config(daemon.config)
     daemon.webhook = WebhookSettings.from_config(daemon.config)
@@ -756,10 +674,10 @@ def attach_ladder(daemon: HealthDaemon) -> None:
 def fault_responder(daemon: HealthDaemon) -> Callable[[list[Result]], None]:
     """Slurm's side of a fresh CRITICAL fault: drain this node (Medic's reason) and requeue
     its resilient jobs (slurm_hooks.actions.respond_to_fault); each outcome is an event."""
+    from medic_core.settings import HookSettings
+    from medic_core.slurm import JobInfo
+    from medic_core.vocabulary import Finding
     from slurm_hooks.actions import respond_to_fault, slurm_client, start_releaser
-    from slurm_hooks.settings import HookSettings
-    from slurm_hooks.slurm import JobInfo
-    from slurm_hooks.verdict import Finding
 
     def respond(faults: list[Result]) -> None:
         settings = HookSettings.from_config(daemon.config)

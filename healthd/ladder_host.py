@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from medic_core.store import Severity
+from medic_core.vocabulary import Finding
 from remediation import episodes as ep
-from slurm_hooks.verdict import Finding
 
 if TYPE_CHECKING:
     from healthd.daemon import HealthDaemon
@@ -55,7 +55,7 @@ class DaemonLadderHost:
 
     def verify(self, extra_checks: Sequence[str]) -> list[Finding]:
         from healthd.checks.base import Tier
-        from healthd.daemon import result_json
+        from healthd.results import result_json
 
         results = []
         for tier in (Tier.LAUNCH, Tier.PERIODIC):

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from medic_core import proc
+from medic_core.drain_reason import format_reason, is_medic_reason
+from medic_core.settings import RemediationSettings
+from medic_core.slurm import SlurmClient, SlurmError
 from medic_core.status import Status
+from medic_core.vocabulary import Finding
 from remediation import episodes as ep
 from remediation.policy import LemonScore, Rung, after_failure, drain_cap, first_rung
-from remediation.settings import RemediationSettings
-from slurm_hooks.drain_reason import format_reason, is_medic_reason
-from slurm_hooks.slurm import SlurmClient, SlurmError
-from slurm_hooks.verdict import Finding
 
 log = logging.getLogger("medic.remediation")
 
@@ -424,7 +424,7 @@ class Ladder:
         return episode
 
     def _resolve(self, episode: ep.Episode) -> ep.Episode:
-        from slurm_hooks.drain_reason import resume_if_medic
+        from medic_core.drain_reason import resume_if_medic
 
         try:
             outcome = resume_if_medic(self.slurm, self.node).value

@@ -59,17 +59,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from healthd.checks.base import parse_check_config, setting
 from medic_core import proc
 from medic_core.config import MedicConfig
+from medic_core.drain_reason import drain_if_allowed, format_reason
+from medic_core.settings import SweepSettings
+from medic_core.slurm import CliSlurm, NodeInfo, SlurmError
 from medic_core.status import Status, worst
 from medic_core.store import Severity, Store
 from medic_core.store.engine import writer
 from medic_core.store.models import NAMING_CONVENTION
+from medic_core.vocabulary import Finding, Recommendation
 from remediation import episodes as ep
-from slurm_hooks.drain_reason import drain_if_allowed, format_reason
-from slurm_hooks.slurm import CliSlurm, NodeInfo, SlurmError
-from slurm_hooks.verdict import Finding
 
 log = logging.getLogger("medic.sweep")
 
@@ -136,50 +136,6 @@ sweep_nodes = Table(
 
 
 # ---- settings ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class SweepSettings:
-    share: float = setting(
-        0.05, minimum=0, maximum=1, doc="most of each partition a sweep holds at once"
-    )
-    min_nodes: int = setting(
-        1, minimum=0, doc="...but always this many nodes per partition (share rounds down)"
-    )
-    timeout: float = setting(
-        3600.0, minimum=10, doc="seconds one node's deep tier may take; then srun is killed"
-    )
-    checks: tuple[str, ...] = setting(
-        (), doc="deep checks to run (empty: every enabled deep-tier check)"
-    )
-    min_interval_days: float = setting(
-        7.0, minimum=0, doc="a node deep-checked more recently than this is not swept"
-    )
-    partitions: tuple[str, ...] = setting((), doc="partitions swept (empty: all)")
-    max_nodes: int = setting(0, minimum=0, doc="nodes checked per sweep at most (0: no limit)")
-    lemon_days: float = setting(30.0, minimum=1, doc="days of episodes the risk score counts")
-    probe: tuple[str, ...] = setting(
-        ("medic", "sweep", "probe"), doc="argv srun runs on the node (the deep tier, as JSON)"
-    )
-    srun_args: tuple[str, ...] = setting((), doc='extra srun options, e.g. ["--account=ops"]')
-    reservation_user: str = setting("", doc="user the reservations are for (default: ours)")
-    immediate: float = setting(
-        60.0, minimum=1, doc="seconds srun may wait for the node before giving up"
-    )
-    slurm_timeout: float = setting(30.0, minimum=1, doc="seconds one Slurm command may take")
-
-    def problems(self) -> Iterator[tuple[str, str, str]]:
-        if not self.probe:
-            yield "probe", "is empty", 'give the probe argv, e.g. ["medic", "sweep", "probe"]'
-        for arg in self.srun_args:
-            if not arg.startswith("-"):
-                yield "srun_args", f"{arg!r} is not an option", "write options as --name=value"
-
-    @classmethod
-    def from_config(cls, config: MedicConfig) -> SweepSettings:
-        return parse_check_config(  # type: ignore[type-var]
-            cls, config.table("sweep"), prefix="sweep", source=config.source
-        )
 
 
 # ---- pure: risk, share, next batch, verdict -----------------------------------------------
@@ -320,7 +276,7 @@ def judge(
             fault_class=TIMEOUT_FAULT,
             target="",
             message=f"the deep tier did not finish within {timeout:g}s",
-            recommendation="drain",
+            recommendation=Recommendation.DRAIN,
         )
         return NodeVerdict(FAIL, Status.CRITICAL.value, (finding,), finding.message, report or {})
     if report is None:
@@ -1077,8 +1033,8 @@ class Sweeper:
     ) -> tuple[int | None, str]:
         """The ladder's own admission (kill switch, drain cap, lemon, fleet signature), then
         Medic's drain with the fault's reason: the node is the episode's from here on."""
+        from medic_core.settings import RemediationSettings
         from remediation.ladder import Ladder
-        from remediation.settings import RemediationSettings
 
         # The node's medic-healthd ran the probe, recorded the fault and admitted it itself
         # (its episode may be closed already: needs_human); a second episode would double
@@ -1121,7 +1077,7 @@ def _stored_verdict(row: SweepNode) -> NodeVerdict:
             fault_class=str(f.get("fault_class", "")),
             target=str(f.get("target", "")),
             message=str(f.get("message", "")),
-            recommendation=str(f.get("recommendation", "")),
+            recommendation=Recommendation.parse(f.get("recommendation")),
         )
         for f in row.findings
     )
@@ -1204,7 +1160,7 @@ def probe(config: MedicConfig, checks: Sequence[str], timeout: float) -> dict[st
     except HealthdUnavailable:
         from healthd.checks import load_check_configs
         from healthd.checks.base import CheckContext, Tier
-        from healthd.daemon import result_json
+        from healthd.results import result_json
         from healthd.runner import Runner
 
         runner = Runner(CheckContext.for_root(config.paths.host_root), load_check_configs(config))

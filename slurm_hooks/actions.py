@@ -16,11 +16,12 @@ from typing import Any
 from healthd.api import HealthdUnavailable, ask
 from medic_core import proc
 from medic_core.config import MedicConfig
-from slurm_hooks.drain_reason import DrainOutcome, drain_if_allowed, format_reason
+from medic_core.decide import GateDecision
+from medic_core.drain_reason import DrainOutcome, drain_if_allowed, format_reason
+from medic_core.settings import HookSettings
+from medic_core.slurm import CliSlurm, JobInfo, SlurmClient, SlurmError
+from medic_core.vocabulary import Finding, Verdict
 from slurm_hooks.resilient import parse_resilient
-from slurm_hooks.settings import HookSettings
-from slurm_hooks.slurm import CliSlurm, JobInfo, SlurmClient, SlurmError
-from slurm_hooks.verdict import Finding, GateDecision, Verdict
 
 log = logging.getLogger("medic.hooks")
 

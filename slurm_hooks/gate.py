@@ -5,10 +5,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from healthd.inline import run_inline
 from medic_core.config import ConfigError, MedicConfig
+from medic_core.decide import decide_launch as decide
+from medic_core.settings import HookSettings
+from medic_core.vocabulary import Verdict
 from slurm_hooks.actions import record_gate, refuse_launch
-from slurm_hooks.settings import HookSettings
-from slurm_hooks.verdict import Verdict, decide, run_inline
 
 
 def gate_slow_path(config: MedicConfig, job_id: str, reply: dict[str, Any]) -> int:

@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass
 
 from medic_core.config import ConfigError, MedicConfig, load_config
-from slurm_hooks.settings import HookSettings
-from slurm_hooks.slurm import SlurmClient
+from medic_core.settings import HookSettings
+from medic_core.slurm import SlurmClient
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,11 @@ def health_check(
     config: MedicConfig, settings: HookSettings, client: SlurmClient
 ) -> HealthCheckOutcome:
     from healthd.api import HealthdUnavailable, ask
+    from healthd.inline import run_inline
+    from medic_core.drain_reason import drain_if_allowed, is_medic_reason, resume_if_medic
     from medic_core.status import Status
+    from medic_core.vocabulary import Finding, Verdict
     from slurm_hooks.actions import drain_reason_for
-    from slurm_hooks.drain_reason import drain_if_allowed, is_medic_reason, resume_if_medic
-    from slurm_hooks.verdict import Finding, Verdict, run_inline
 
     node = config.node_name
     daemon_up = True

@@ -20,8 +20,8 @@ import sys
 import time
 
 from medic_core.config import ConfigError, load_config
-from slurm_hooks.settings import HookSettings
-from slurm_hooks.slurm import JobInfo, SlurmClient, SlurmError
+from medic_core.settings import HookSettings
+from medic_core.slurm import JobInfo, SlurmClient, SlurmError
 
 # Once here the job will not be held for the prolog failure any more. RUNNING is not among
 # them: the job still RUNs (Reason=Prolog) while the prolog that started us finishes.

@@ -23,7 +23,7 @@ from healthd.checks.base import (
     CheckConfig,
     CheckSpec,
     Fault,
-    Remediation,
+    Recommendation,
     Result,
     Status,
     Tier,
@@ -98,20 +98,20 @@ def test_register_rejects_unknown_needs_and_duplicates() -> None:
 @pytest.mark.parametrize(
     ("fault_class", "expected"),
     [
-        ("ib.port.down", Remediation.REBOOT),
-        ("ib.errors.symbol", Remediation.NONE),
-        ("mem.edac.ue", Remediation.RMA),
-        ("fs.hung", Remediation.DRAIN),
-        ("fs.full", Remediation.NONE),
-        ("kernel.mce", Remediation.DRAIN),
-        ("kernel.mce.corrected", Remediation.NONE),
-        ("service.down", Remediation.RESTART_SERVICE),
-        ("check.timeout", Remediation.NONE),
+        ("ib.port.down", Recommendation.REBOOT),
+        ("ib.errors.symbol", Recommendation.NONE),
+        ("mem.edac.ue", Recommendation.RMA),
+        ("fs.hung", Recommendation.DRAIN),
+        ("fs.full", Recommendation.NONE),
+        ("kernel.mce", Recommendation.DRAIN),
+        ("kernel.mce.corrected", Recommendation.NONE),
+        ("service.down", Recommendation.RESTART_SERVICE),
+        ("check.timeout", Recommendation.NONE),
         ("gpu.xid.79", None),
         (None, None),
     ],
 )
-def test_remediation_by_longest_prefix(fault_class: str | None, expected: Remediation) -> None:
+def test_remediation_by_longest_prefix(fault_class: str | None, expected: Recommendation) -> None:
     assert remediation_for(fault_class) == expected
 
 
@@ -359,7 +359,6 @@ def test_every_declared_fault_class_has_a_recommendation(spec: CheckSpec) -> Non
 
 def test_gpu_recommendation_words_are_the_catalogs() -> None:
     assert set(xid.RECOMMENDATIONS) <= set(RECOMMENDATION_WORDS)
-    assert set(gpu_common._FALLBACK) <= set(RECOMMENDATION_WORDS)
 
 
 def test_undeclared() -> None:

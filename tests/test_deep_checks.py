@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 import healthd.checks as checks
-from healthd.checks.base import CheckContext, Remediation, Result, Status, Tier, parse_check_config
+from healthd.checks.base import (
+    CheckContext,
+    Recommendation,
+    Result,
+    Status,
+    Tier,
+    parse_check_config,
+)
 from healthd.checks.deep_common import find_tool, threshold_for
 from healthd.checks.deep_dcgm import (
     DcgmDiag,
@@ -220,7 +227,7 @@ def test_dcgm_evaluate_fixture_fails_the_bad_gpu_only() -> None:
     ]
     bad = results[3]
     assert "memory (Found 4 faulty memory elements on GPU 3)" in bad.message
-    assert bad.remediation is Remediation.DRAIN and bad.evidence["failed"] == ["memory"]
+    assert bad.remediation is Recommendation.DRAIN and bad.evidence["failed"] == ["memory"]
     assert bad.evidence["skipped"] == ["diagnostic"] and bad.evidence["dcgm_version"] == "4.1.1"
     assert results[0].message == "GPU 0: DCGM diag level 2: 4 tests passed"
 
@@ -646,7 +653,7 @@ def test_gpu_perf_fixture_flags_the_half_width_link() -> None:
     results = DeepGpuPerfCheck.evaluate(obs, DeepGpuPerfConfig())
     bad = [(r.fault_class, r.target) for r in results if r.status is not Status.OK]
     assert bad == [("gpu.pcie.h2d_bw", "5"), ("gpu.pcie.d2h_bw", "5")]
-    assert len(results) == 9 and results[5].remediation is Remediation.DRAIN
+    assert len(results) == 9 and results[5].remediation is Recommendation.DRAIN
 
 
 def _perf(

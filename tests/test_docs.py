@@ -8,12 +8,9 @@ from pathlib import Path
 import pytest
 
 from healthd.checks import load_check_configs
-from healthd.daemon import DaemonSettings
 from medic_core.config import load_config
+from medic_core.settings import DaemonSettings, HookSettings, RemediationSettings, SweepSettings
 from medic_core.store import store_settings
-from remediation.settings import RemediationSettings
-from remediation.sweep import SweepSettings
-from slurm_hooks.settings import HookSettings
 
 DOCS = Path(__file__).parents[1] / "docs"
 

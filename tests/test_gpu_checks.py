@@ -22,7 +22,7 @@ import pytest
 from cli.lab.nvml.build import build_library
 from cli.lab.scenario import NodeScenario, default_scenario, inject, write_scenario
 from healthd.checks import get, registry
-from healthd.checks.base import CheckConfig, CheckContext, Kind, Remediation, Result, Status
+from healthd.checks.base import CheckConfig, CheckContext, Kind, Recommendation, Result, Status
 from healthd.checks.gpu_common import GpuContext, GpuSamples, JobState, StaticJobState
 from healthd.checks.gpu_count import GpuCountConfig, GpuCountObservation, GpuIdentity
 from healthd.checks.gpu_ecc import GpuEccCheck, GpuEccConfig, GpuEccObservation
@@ -115,7 +115,7 @@ def test_reading_problems_are_unknown_or_not_applicable() -> None:
         (Status.NOT_APPLICABLE, None),
         (Status.UNKNOWN, "check.nvml.gpu_lost"),
     ]
-    assert all(r.remediation in (None, Remediation.NONE) for r in results)
+    assert all(r.remediation in (None, Recommendation.NONE) for r in results)
 
 
 def test_thermal_reasons_and_temperature() -> None:
@@ -219,7 +219,7 @@ def test_one_timeout_is_unknown_repeated_is_unresponsive() -> None:
     assert [(r.target, r.status, r.fault_class) for r in results] == [
         ("1", Status.CRITICAL, "gpu.nvml.unresponsive")
     ]
-    assert results[0].remediation == Remediation.REBOOT
+    assert results[0].remediation == Recommendation.REBOOT
     assert results[0].evidence["serial"] == "S1"
 
 
@@ -243,7 +243,7 @@ def test_xid_conditions_and_events() -> None:
         (None, "2", Status.OK, Kind.EVENT),
         ("gpu.xid.9999", "0", Status.WARN, Kind.EVENT),
     ]
-    assert results[0].evidence["count"] == 2 and results[0].remediation == Remediation.REBOOT
+    assert results[0].evidence["count"] == 2 and results[0].remediation == Recommendation.REBOOT
     assert results[3].evidence["bucket"] == "UNKNOWN"
     # the next run: events are not repeated, the condition stays until the window passes
     again = GpuXidCheck.evaluate(GpuXidObservation(100.0, records, 5), GpuXidConfig())
@@ -401,7 +401,7 @@ def test_xid_79_reaches_the_check_through_the_listener_within_a_second(lab: Lab)
     assert [(r.fault_class, r.target, r.status) for r in results] == [
         ("gpu.xid.79", "3", Status.CRITICAL)
     ]
-    assert results[0].remediation == Remediation.REBOOT
+    assert results[0].remediation == Recommendation.REBOOT
     assert results[0].evidence["bucket"] == "RESTART_BM"
 
 
@@ -417,7 +417,7 @@ def test_xid_13_restart_app_is_not_critical(lab: Lab) -> None:
     assert all(r.status != Status.CRITICAL for r in results)
     event = [r for r in results if r.fault_class == "gpu.xid.13"]
     assert event and event[0].status == Status.WARN and event[0].kind == Kind.EVENT
-    assert event[0].remediation == Remediation.NONE
+    assert event[0].remediation == Recommendation.NONE
 
 
 def test_listener_survives_a_lost_gpu(lab: Lab) -> None:

@@ -15,8 +15,8 @@ import pytest
 from cli.lab.cluster import Lab
 from cli.lab.train import uninterrupted
 from medic_core import proc
+from medic_core.drain_reason import is_medic_reason
 from medic_core.store import Store, open_store
-from slurm_hooks.drain_reason import is_medic_reason
 from tests.conftest import poll
 
 

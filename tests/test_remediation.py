@@ -14,14 +14,14 @@ import pytest
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import with_check_options
 from healthd.checks import registry
+from medic_core.settings import RemediationSettings
+from medic_core.slurm import CliSlurm
 from medic_core.status import Status
 from medic_core.store import Store, open_store
+from medic_core.vocabulary import Finding, Recommendation
 from remediation import episodes as ep
 from remediation.ladder import Ladder
 from remediation.policy import LemonScore, Rung, after_failure, drain_cap, first_rung
-from remediation.settings import RemediationSettings
-from slurm_hooks.slurm import CliSlurm
-from slurm_hooks.verdict import Finding
 from tests.conftest import poll
 
 # --- policy ------------------------------------------------------------------------------------
@@ -318,7 +318,7 @@ def _ladder(lab: Lab, store: Store, node: str, **settings: Any) -> tuple[Ladder,
     return ladder, host
 
 
-XID_95 = Finding("gpu_xid", Status.CRITICAL, "gpu.xid.95", "3", "XID 95", "gpu_reset")
+XID_95 = Finding("gpu_xid", Status.CRITICAL, "gpu.xid.95", "3", "XID 95", Recommendation.GPU_RESET)
 
 
 def test_a_lemon_node_goes_straight_to_rma(lab: Lab, store: Store) -> None:
@@ -364,7 +364,7 @@ def test_the_same_fault_reported_twice_joins_the_episode_it_closed(lab: Lab, sto
     again = ladder.admit([XID_95])
     assert again.episode is not None and again.episode.id == first.episode.id
     assert not again.drain  # what the first report decided stands
-    other = Finding("gpu_ecc", Status.CRITICAL, "gpu.ecc.dbe", "1", "DBE", "gpu_reset")
+    other = Finding("gpu_ecc", Status.CRITICAL, "gpu.ecc.dbe", "1", "DBE", Recommendation.GPU_RESET)
     different = ladder.admit([other])
     assert different.episode is not None and different.episode.id != first.episode.id
 

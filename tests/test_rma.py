@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 
 from medic_core import proc
 from medic_core.config import ConfigError, parse_config
+from medic_core.settings import WebhookSettings, WebhookTable
 from medic_core.store import Store, open_store
 from medic_core.store.engine import writer
 from medic_core.store.models import RmaTicketRow
@@ -32,8 +33,6 @@ from remediation import tickets as rma
 from remediation.tickets import Gpu, TicketError, TicketState
 from remediation.webhook import (
     Sender,
-    WebhookSettings,
-    WebhookTable,
     deliver_pending,
     outbox,
     sign,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli.lab.cluster import Lab
-from slurm_hooks.drain_reason import (
+from medic_core.drain_reason import (
     MAX_REASON,
     DrainOutcome,
     MedicReason,
@@ -22,8 +22,7 @@ from slurm_hooks.drain_reason import (
     parse_reason,
     resume_if_medic,
 )
-from slurm_hooks.release import REVOKE_GRACE
-from slurm_hooks.slurm import (
+from medic_core.slurm import (
     CliSlurm,
     JobInfo,
     NodeInfo,
@@ -34,6 +33,7 @@ from slurm_hooks.slurm import (
     parse_jobs,
     parse_nodes,
 )
+from slurm_hooks.release import REVOKE_GRACE
 from tests.conftest import poll
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"

@@ -13,12 +13,9 @@ A check is a class registered with `@register(...)`. It has two halves:
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import re
 import time
-import types
-import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -27,9 +24,21 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from healthd.hostfs import HostRoots, MountOps, OsMountOps
 from medic_core import proc
-from medic_core.config import ConfigError
 from medic_core.status import Status as Status
 from medic_core.status import worst as worst
+from medic_core.typed_config import (
+    FieldProblem as FieldProblem,
+)
+from medic_core.typed_config import (
+    bounds as bounds,
+)
+from medic_core.typed_config import (
+    describe_config as describe_config,
+)
+from medic_core.typed_config import parse_table
+from medic_core.typed_config import setting as setting
+from medic_core.vocabulary import RECOMMENDATION_WORDS as RECOMMENDATION_WORDS
+from medic_core.vocabulary import Recommendation as Recommendation
 
 # --- vocabulary ----------------------------------------------------------------------------
 
@@ -49,52 +58,35 @@ class Kind(StrEnum):
     EVENT = "event"
 
 
-class Remediation(StrEnum):
-    NONE = "none"  # report only
-    DRAIN = "drain"  # take the node out of service for a human
-    RESTART_SERVICE = "restart_service"
-    REBOOT = "reboot"
-    RMA = "rma"  # hardware replacement
-
-
 # Recommended remediation per fault class; the longest dotted prefix wins, so "fs" covers
 # every fs.* class without its own entry. The one place this mapping lives.
-REMEDIATIONS: Mapping[str, Remediation] = {
-    "ib.port.down": Remediation.REBOOT,
-    "ib.port.missing": Remediation.REBOOT,
-    "ib.port.rate": Remediation.DRAIN,
-    "ib.errors": Remediation.NONE,
-    "fs": Remediation.DRAIN,
-    "fs.full": Remediation.NONE,
-    "fs.inodes": Remediation.NONE,
-    "mem.total.low": Remediation.DRAIN,
-    "mem.edac.ue": Remediation.RMA,
-    "mem.edac.ce_rate": Remediation.NONE,
-    "cpu.offline": Remediation.REBOOT,
-    "cpu.count": Remediation.DRAIN,
-    "kernel": Remediation.NONE,
-    "kernel.mce": Remediation.DRAIN,
-    "kernel.mce.corrected": Remediation.NONE,
-    "kernel.soft_lockup": Remediation.REBOOT,
-    "kernel.hard_lockup": Remediation.REBOOT,
-    "kernel.oops": Remediation.REBOOT,
-    "kernel.pcie.aer_fatal": Remediation.DRAIN,
-    "kernel.fs_error": Remediation.DRAIN,
-    "service.down": Remediation.RESTART_SERVICE,
-    "check": Remediation.NONE,  # check.error, check.timeout, ...: never a hardware verdict
+REMEDIATIONS: Mapping[str, Recommendation] = {
+    "ib.port.down": Recommendation.REBOOT,
+    "ib.port.missing": Recommendation.REBOOT,
+    "ib.port.rate": Recommendation.DRAIN,
+    "ib.errors": Recommendation.NONE,
+    "fs": Recommendation.DRAIN,
+    "fs.full": Recommendation.NONE,
+    "fs.inodes": Recommendation.NONE,
+    "mem.total.low": Recommendation.DRAIN,
+    "mem.edac.ue": Recommendation.RMA,
+    "mem.edac.ce_rate": Recommendation.NONE,
+    "cpu.offline": Recommendation.REBOOT,
+    "cpu.count": Recommendation.DRAIN,
+    "kernel": Recommendation.NONE,
+    "kernel.mce": Recommendation.DRAIN,
+    "kernel.mce.corrected": Recommendation.NONE,
+    "kernel.soft_lockup": Recommendation.REBOOT,
+    "kernel.hard_lockup": Recommendation.REBOOT,
+    "kernel.oops": Recommendation.REBOOT,
+    "kernel.pcie.aer_fatal": Recommendation.DRAIN,
+    "kernel.fs_error": Recommendation.DRAIN,
+    "service.down": Recommendation.RESTART_SERVICE,
+    "check": Recommendation.NONE,  # check.error, check.timeout, ...: never a hardware verdict
 }
 
 
-# Recommendation words a finding may carry in evidence["recommendation"] (GPU and deep
-# checks): the Remediation values plus the GPU resets (see healthd.checks.gpu_common).
-RECOMMENDATION_WORDS: tuple[str, ...] = (
-    *(r.value for r in Remediation),
-    "gpu_reset",
-    "gpu_reset_when_idle",
-)
-
-
-def remediation_for(fault_class: str | None) -> Remediation | None:
+def remediation_for(fault_class: str | None) -> Recommendation | None:
     if not fault_class:
         return None
     parts = fault_class.split(".")
@@ -113,7 +105,7 @@ class Result:
     target: str | None  # "mlx5_0/1", "/lustre", a GPU index; None for the whole node
     message: str  # one line
     evidence: Mapping[str, Any] = field(default_factory=dict)
-    remediation: Remediation | None = None
+    remediation: Recommendation | None = None
     kind: Kind = Kind.CONDITION
 
     def __post_init__(self) -> None:
@@ -315,35 +307,6 @@ class CheckContext:
 # --- typed per-check configuration ---------------------------------------------------------
 
 
-def bounds(
-    *,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    choices: Sequence[str] | None = None,
-    keys: Sequence[str] | None = None,
-    doc: str = "",
-) -> dict[str, Any]:
-    """Field metadata the config parser enforces: numeric bounds, allowed strings, allowed
-    table keys, and one line of documentation."""
-    return {"minimum": minimum, "maximum": maximum, "choices": choices, "keys": keys, "doc": doc}
-
-
-def setting(
-    default: Any,
-    *,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    choices: Sequence[str] | None = None,
-    doc: str = "",
-) -> Any:
-    """A configuration field with an immutable default (for a dict default use
-    `field(default_factory=..., metadata=bounds(...))`)."""
-    return field(
-        default=default,
-        metadata=bounds(minimum=minimum, maximum=maximum, choices=choices, doc=doc),
-    )
-
-
 @dataclass(frozen=True, kw_only=True)
 class CheckConfig:
     """Keys every `[checks.<name>]` table accepts; a check's own config subclasses this."""
@@ -361,96 +324,13 @@ class CheckConfig:
         return iter(())
 
 
-class FieldProblem(ValueError):
-    def __init__(self, key: str, problem: str, fix: str) -> None:
-        super().__init__(f"{key}: {problem}; {fix}")
-        self.key, self.problem, self.fix = key, problem, fix
-
-
-_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-def _convert(value: Any, tp: Any, key: str, meta: Mapping[str, Any]) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (types.UnionType, typing.Union):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _convert(value, inner[0], key, meta)
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise FieldProblem(key, f"expected a list, got {value!r}", "write a TOML array")
-        item = typing.get_args(tp)[0]
-        return tuple(_convert(v, item, key, meta) for v in value)
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise FieldProblem(key, f"expected a table, got {value!r}", "write a TOML table")
-        item = typing.get_args(tp)[1]
-        allowed = meta.get("keys")
-        out = {}
-        for k, v in value.items():
-            if allowed is not None and k not in allowed:
-                raise FieldProblem(f"{key}.{k}", "unknown key", f"use one of: {', '.join(allowed)}")
-            out[k] = _convert(v, item, f"{key}.{k}", meta)
-        return out
-    ok_type = {
-        bool: isinstance(value, bool),
-        int: isinstance(value, int) and not isinstance(value, bool),
-        float: isinstance(value, int | float) and not isinstance(value, bool),
-        str: isinstance(value, str),
-    }.get(tp)
-    if ok_type is None:
-        raise TypeError(f"{key}: configuration type {tp!r} is not supported")
-    if not ok_type:
-        raise FieldProblem(key, f"expected {_TYPE_WORDS[tp]}, got {value!r}", "fix the value")
-    if tp is float:
-        value = float(value)
-    if tp in (int, float):
-        low, high = meta.get("minimum"), meta.get("maximum")
-        if low is not None and value < low:
-            raise FieldProblem(key, f"{value} is below the minimum {low}", f"use at least {low}")
-        if high is not None and value > high:
-            raise FieldProblem(key, f"{value} is above the maximum {high}", f"use at most {high}")
-    choices = meta.get("choices")
-    if tp is str and choices is not None and value not in choices:
-        raise FieldProblem(key, f"{value!r} is not allowed", f"use one of: {', '.join(choices)}")
-    return value
-
-
 C = TypeVar("C", bound=CheckConfig)
 
 
 def parse_check_config(
     config_type: type[C], table: Mapping[str, Any], *, prefix: str, source: Path | None
 ) -> C:
-    """Build a check's config from its TOML table; errors are ConfigError naming the key
-    (`checks.ib.min_rate_gbps`) and the file."""
-    hints = typing.get_type_hints(config_type)
-    fields = {f.name: f for f in dataclasses.fields(config_type)}
-    values: dict[str, Any] = {}
-    try:
-        for key, raw in table.items():
-            if key not in fields:
-                raise FieldProblem(key, "unknown key", f"use one of: {', '.join(sorted(fields))}")
-            values[key] = _convert(raw, hints[key], key, fields[key].metadata)
-        cfg = config_type(**values)
-        for problem in cfg.problems():
-            raise FieldProblem(*problem)
-    except FieldProblem as exc:
-        raise ConfigError(source, f"{prefix}.{exc.key}", exc.problem, exc.fix) from exc
-    return cfg
-
-
-def describe_config(config_type: type[CheckConfig]) -> list[tuple[str, str, str]]:
-    """(key, default, doc) for every key, for docs and `medic checks list`."""
-    rows = []
-    for f in dataclasses.fields(config_type):
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = None
-        rows.append((f.name, repr(default), str(f.metadata.get("doc", ""))))
-    return rows
+    return parse_table(config_type, table, prefix=prefix, source=source)
 
 
 # --- checks and the registry ---------------------------------------------------------------

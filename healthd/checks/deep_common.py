@@ -28,7 +28,7 @@ from typing import Any
 from healthd.checks.base import (
     CheckConfig,
     Kind,
-    Remediation,
+    Recommendation,
     Result,
     Status,
     fault,
@@ -113,8 +113,8 @@ def deep_fault(
         fault_class,
         target,
         message,
-        {**result.evidence, "recommendation": Remediation.DRAIN.value},
-        Remediation.DRAIN,
+        {**result.evidence, "recommendation": Recommendation.DRAIN.value},
+        Recommendation.DRAIN,
         Kind.CONDITION,
     )
 

@@ -21,7 +21,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from healthd.checks.base import (
     CheckContext,
     Kind,
-    Remediation,
+    Recommendation,
     Result,
     Status,
     remediation_for,
@@ -31,25 +31,9 @@ from healthd.xid import XidBuffer
 
 T = TypeVar("T")
 
-# Medic's recommendation words -> the base vocabulary. "gpu_reset" and
-# "gpu_reset_when_idle" have no Remediation member yet: until base.Remediation grows one,
-# a reset falls back to DRAIN (a human resets) and reset-when-idle to NONE (report only).
-# The exact word always travels in evidence["recommendation"].
-_FALLBACK = {
-    "none": Remediation.NONE,
-    "gpu_reset": Remediation.DRAIN,
-    "gpu_reset_when_idle": Remediation.NONE,
-    "reboot": Remediation.REBOOT,
-    "rma": Remediation.RMA,
-    "drain": Remediation.DRAIN,
-}
 
-
-def remediation_of(recommendation: str) -> Remediation:
-    try:
-        return Remediation(recommendation)
-    except ValueError:
-        return _FALLBACK[recommendation]
+def remediation_of(recommendation: str) -> Recommendation:
+    return Recommendation(recommendation)
 
 
 # --- job state ------------------------------------------------------------------------------

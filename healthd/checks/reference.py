@@ -221,14 +221,14 @@ def render_reference(specs: Sequence[CheckSpec] | None = None) -> str:
         "",
         *_table(_FAULT_HEADER, _fault_rows(RUNNER_FAULTS)),
         "",
-        "## Remediation table",
+        "## Recommendation table",
         "",
         "`REMEDIATIONS` in `healthd/checks/base.py`: the recommended remediation of a"
         " host fault class, by its longest dotted prefix. GPU and deep findings carry"
         " their own recommendation (shown per fault class below).",
         "",
         *_table(
-            ("Fault class prefix", "Remediation"),
+            ("Fault class prefix", "Recommendation"),
             ((_code(k), v.value) for k, v in sorted(REMEDIATIONS.items())),
         ),
     ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from slurm_hooks.slurm import SlurmClient
+from medic_core.slurm import SlurmClient
 
 PREFIX = "medic: "
 # slurmctld keeps any length (1000 characters tested on 22.05), but slurmdbd stores a node

@@ -1,0 +1,337 @@
+"""Every settings table of medic.toml, typed, and the one loader that validates them all.
+
+`load_settings(config)` parses every table (a check's own `[checks.<name>]` tables are the
+sensors' and are parsed by healthd.checks). It runs at start-up, in `medic config check` and
+on SIGHUP: a file that fails any table raises ConfigError (file, key, fix) and changes
+nothing. Each part of Medic takes its table from the bundle instead of parsing its own.
+"""
+
+from __future__ import annotations
+
+import ssl
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from medic_core.config import ConfigError, MedicConfig
+from medic_core.typed_config import bounds, parse_table, setting
+
+GPU_MODES = ("auto", "required", "none")
+PREFIX = "remediation.webhook"
+DEFAULT_LAUNCH_BUDGET = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DaemonSettings:
+    """The `[healthd]` table (docs/operator-guide.md lists every key)."""
+
+    jitter: float = setting(
+        0.1, minimum=0, maximum=0.5, doc="each interval is stretched or shrunk by up to this share"
+    )
+    launch_budget: float = setting(
+        10.0, minimum=0.5, maximum=120, doc="seconds a launch verdict may take in all"
+    )
+    launch_max_age: float = setting(
+        60.0, minimum=0, maximum=3600, doc="launch-tier results younger than this are reused"
+    )
+    prune_every: float = setting(3600.0, minimum=60, maximum=86400, doc="seconds between prunes")
+    gpus: str = setting("auto", choices=GPU_MODES, doc="GPU node? auto, required or none")
+    nvml_call_timeout: float = setting(
+        3.0, minimum=0.1, maximum=60, doc="seconds before one NVML call counts as hung"
+    )
+    metrics_port: int = setting(9847, minimum=0, maximum=65535, doc="Prometheus port; 0: off")
+    metrics_address: str = setting("0.0.0.0", doc="address the metrics endpoint binds")
+    socket_group: str = setting(
+        "slurm", doc="group allowed on the socket (SlurmUser's); '' for root only"
+    )
+    slurmd_spool_dir: str = setting(
+        "/var/spool/slurmd", doc="slurmd's SlurmdSpoolDir (%n: node name), to see running jobs"
+    )
+
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        return iter(())
+
+    @classmethod
+    def from_config(cls, config: MedicConfig) -> DaemonSettings:
+        return parse_table(cls, config.table("healthd"), prefix="healthd", source=config.source)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HookSettings:
+    on_unknown: str = setting(
+        "open",
+        choices=("open", "closed"),
+        doc="launch verdict UNKNOWN (a check could not tell): open runs the job, closed drains",
+    )
+    launch_budget: float = setting(
+        10.0, minimum=0.5, maximum=300, doc="seconds the prolog may spend on a verdict"
+    )
+    release_held: bool = setting(
+        True,
+        doc="release a job Slurm held after Medic's prolog refused a node, and make a job"
+        " Medic requeued eligible at once instead of after cred_expire and a backfill cycle",
+    )
+    release_wait: float = setting(
+        60.0, minimum=1, maximum=3600, doc="seconds to wait for that job to be held"
+    )
+    requeue_resilient: bool = setting(
+        True, doc="requeue resilient jobs off a node with a fresh CRITICAL fault"
+    )
+    drain_on_epilog: bool = setting(True, doc="drain a node whose post-job checks are CRITICAL")
+    resume: bool = setting(
+        True, doc="HealthCheckProgram resumes nodes Medic drained once they check clean"
+    )
+    slurm_timeout: float = setting(
+        15.0, minimum=1, maximum=300, doc="seconds one Slurm command may take"
+    )
+
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        return iter(())
+
+    @classmethod
+    def from_config(cls, config: MedicConfig) -> HookSettings:
+        return parse_table(cls, config.table("hooks"), prefix="hooks", source=config.source)
+
+
+RUNG_NAMES = ("gpu_reset", "driver_reload", "reboot", "rma")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemediationSettings:
+    enabled: bool = setting(True, doc="run the ladder at all (false: drain and report only)")
+    dry_run: bool = setting(False, doc="log and record what would be done, do nothing")
+    max_drained_share: float = setting(
+        0.10, minimum=0, maximum=1, doc="most of a partition Medic keeps drained at once"
+    )
+    min_drained: int = setting(1, minimum=0, doc="...but always allow this many nodes")
+    fleet_signature_nodes: int = setting(
+        3, minimum=2, doc="same fault class on this many nodes within the window pauses all"
+    )
+    fleet_signature_window: float = setting(900.0, minimum=60, doc="seconds")
+    lemon_episodes: int = setting(3, minimum=2, doc="episodes within lemon_days make a lemon")
+    lemon_days: float = setting(7.0, minimum=1, doc="days")
+    lemon_failed_requalifications: int = setting(2, minimum=1, doc="...or this many failed")
+    action_timeout: float = setting(300.0, minimum=1, doc="seconds one repair command may take")
+    reboot_timeout: float = setting(1800.0, minimum=60, doc="seconds a reboot may take")
+    idle_timeout: float = setting(
+        3600.0, minimum=0, doc="seconds to wait for running jobs to leave before acting"
+    )
+    attempts: dict[str, int] = field(
+        default_factory=lambda: {"gpu_reset": 2, "driver_reload": 1, "reboot": 1},
+        metadata=bounds(keys=RUNG_NAMES[:3], minimum=0, doc="attempts per rung before the next"),
+    )
+    cooldown: dict[str, float] = field(
+        default_factory=lambda: {"gpu_reset": 0.0, "driver_reload": 60.0, "reboot": 600.0},
+        metadata=bounds(
+            keys=RUNG_NAMES[:3], minimum=0, doc="seconds after a failed rung before the next step"
+        ),
+    )
+    first_rung: dict[str, str] = field(
+        default_factory=dict,
+        metadata=bounds(
+            choices=(*RUNG_NAMES, "none"),
+            doc='override by fault class prefix, e.g. {"gpu.xid.79" = "reboot"}',
+        ),
+    )
+    gpu_reset: tuple[str, ...] = setting(
+        ("/usr/bin/nvidia-smi", "--gpu-reset", "-i", "{gpu}"),
+        doc="argv of a GPU reset; {gpu} is the NVML index, {node} the node",
+    )
+    driver_reload: tuple[str, ...] = setting(
+        ("/usr/local/sbin/medic-driver-reload",),
+        doc="argv that stops the driver's users, reloads the modules and starts them again",
+    )
+    requalify_checks: tuple[str, ...] = setting(
+        (), doc="extra (deep) checks a node must pass before it returns"
+    )
+    webhook: dict[str, str] = field(
+        default_factory=dict, metadata=bounds(doc="see remediation.webhook")
+    )
+
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        return iter(())
+
+    @classmethod
+    def from_config(cls, config: MedicConfig) -> RemediationSettings:
+        table = {k: v for k, v in config.table("remediation").items() if k != "webhook"}
+        return parse_table(cls, table, prefix="remediation", source=config.source)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepSettings:
+    share: float = setting(
+        0.05, minimum=0, maximum=1, doc="most of each partition a sweep holds at once"
+    )
+    min_nodes: int = setting(
+        1, minimum=0, doc="...but always this many nodes per partition (share rounds down)"
+    )
+    timeout: float = setting(
+        3600.0, minimum=10, doc="seconds one node's deep tier may take; then srun is killed"
+    )
+    checks: tuple[str, ...] = setting(
+        (), doc="deep checks to run (empty: every enabled deep-tier check)"
+    )
+    min_interval_days: float = setting(
+        7.0, minimum=0, doc="a node deep-checked more recently than this is not swept"
+    )
+    partitions: tuple[str, ...] = setting((), doc="partitions swept (empty: all)")
+    max_nodes: int = setting(0, minimum=0, doc="nodes checked per sweep at most (0: no limit)")
+    lemon_days: float = setting(30.0, minimum=1, doc="days of episodes the risk score counts")
+    probe: tuple[str, ...] = setting(
+        ("medic", "sweep", "probe"), doc="argv srun runs on the node (the deep tier, as JSON)"
+    )
+    srun_args: tuple[str, ...] = setting((), doc='extra srun options, e.g. ["--account=ops"]')
+    reservation_user: str = setting("", doc="user the reservations are for (default: ours)")
+    immediate: float = setting(
+        60.0, minimum=1, doc="seconds srun may wait for the node before giving up"
+    )
+    slurm_timeout: float = setting(30.0, minimum=1, doc="seconds one Slurm command may take")
+
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        if not self.probe:
+            yield "probe", "is empty", 'give the probe argv, e.g. ["medic", "sweep", "probe"]'
+        for arg in self.srun_args:
+            if not arg.startswith("-"):
+                yield "srun_args", f"{arg!r} is not an option", "write options as --name=value"
+
+    @classmethod
+    def from_config(cls, config: MedicConfig) -> SweepSettings:
+        return parse_table(cls, config.table("sweep"), prefix="sweep", source=config.source)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WebhookTable:
+    """The `[remediation.webhook]` table as written (checked by parse_check_config)."""
+
+    url: str = setting("", doc="http(s) URL the events are POSTed to (required)")
+    secret: str = setting("", doc="HMAC-SHA256 key; or secret_file")
+    secret_file: str = setting("", doc="file holding the key (trailing newline dropped)")
+    timeout: float = setting(10.0, minimum=0.1, maximum=300, doc="seconds per attempt")
+    max_attempts: int = setting(5, minimum=1, maximum=50, doc="attempts per delivery round")
+    backoff_base: float = setting(1.0, minimum=0, doc="seconds before the first retry")
+    backoff_cap: float = setting(60.0, minimum=0, doc="longest wait between two attempts")
+    retry_after_max: float = setting(
+        300.0, minimum=0, doc="longest Retry-After waited in place; longer: retried next round"
+    )
+    ca_file: str = setting("", doc="PEM bundle of the CA(s) to trust instead of the system's")
+    verify: bool = setting(True, doc="verify the server's TLS certificate (leave it on)")
+
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        parts = urllib.parse.urlsplit(self.url)
+        if not self.url:
+            yield "url", "missing", "give the receiver's URL, e.g. https://tickets.example/medic"
+        elif parts.scheme not in ("http", "https") or not parts.hostname:
+            yield "url", f"not an http(s) URL: {self.url!r}", "use https://host/path"
+        if bool(self.secret) == bool(self.secret_file):
+            yield (
+                "secret",
+                "give exactly one of secret and secret_file",
+                "put the key in a root-only file and set secret_file",
+            )
+        if self.backoff_cap < self.backoff_base:
+            yield "backoff_cap", "is below backoff_base", "raise backoff_cap"
+        if self.ca_file and not self.verify:
+            yield "ca_file", "set while verify = false", "remove one of them"
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    url: str
+    secret: bytes = field(repr=False)
+    timeout: float = 10.0
+    max_attempts: int = 5
+    backoff_base: float = 1.0
+    backoff_cap: float = 60.0
+    retry_after_max: float = 300.0
+    ca_file: Path | None = None
+    verify: bool = True
+
+    @classmethod
+    def from_config(cls, config: MedicConfig) -> WebhookSettings | None:
+        """The `[remediation.webhook]` table, or None when there is none (no webhook).
+        Raises ConfigError naming the file, the key and the fix."""
+        table = config.table("remediation").get("webhook")
+        if table is None:
+            return None
+        return cls.from_table(table, config.source)
+
+    @classmethod
+    def from_table(cls, table: Any, source: Path | None = None) -> WebhookSettings:
+        if not isinstance(table, Mapping):
+            raise ConfigError(source, PREFIX, f"expected a table, got {table!r}", "write [...]")
+        raw = parse_table(WebhookTable, table, prefix=PREFIX, source=source)
+        secret = raw.secret.encode()
+        if raw.secret_file:
+            path = Path(raw.secret_file)
+            try:
+                secret = path.read_bytes().rstrip(b"\r\n")
+            except OSError as exc:
+                raise ConfigError(
+                    source,
+                    f"{PREFIX}.secret_file",
+                    f"cannot read {path}: {exc.strerror}",
+                    "create it (root-only) or fix the path",
+                ) from None
+            if not secret:
+                raise ConfigError(
+                    source, f"{PREFIX}.secret_file", f"{path} is empty", "write the key into it"
+                )
+        ca_file = Path(raw.ca_file) if raw.ca_file else None
+        if ca_file is not None:
+            try:
+                ssl.create_default_context(cafile=str(ca_file))
+            except (OSError, ssl.SSLError) as exc:
+                problem = getattr(exc, "strerror", None) or str(exc)
+                raise ConfigError(
+                    source,
+                    f"{PREFIX}.ca_file",
+                    f"cannot load {ca_file}: {problem}",
+                    "give a readable PEM file of CA certificates",
+                ) from None
+        return cls(
+            url=raw.url,
+            secret=secret,
+            timeout=raw.timeout,
+            max_attempts=raw.max_attempts,
+            backoff_base=raw.backoff_base,
+            backoff_cap=raw.backoff_cap,
+            retry_after_max=raw.retry_after_max,
+            ca_file=ca_file,
+            verify=raw.verify,
+        )
+
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(
+            cafile=str(self.ca_file) if self.ca_file is not None else None
+        )
+        if not self.verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every table, validated together."""
+
+    healthd: DaemonSettings
+    hooks: HookSettings
+    remediation: RemediationSettings
+    sweep: SweepSettings
+    webhook: WebhookSettings | None
+
+
+def load_settings(config: MedicConfig) -> Settings:
+    """Parse and validate every table; the first problem raises ConfigError."""
+    from medic_core.store import store_settings  # the store's own table; imports SQLAlchemy
+
+    store_settings(config)
+    return Settings(
+        healthd=DaemonSettings.from_config(config),
+        hooks=HookSettings.from_config(config),
+        remediation=RemediationSettings.from_config(config),
+        sweep=SweepSettings.from_config(config),
+        webhook=WebhookSettings.from_config(config),
+    )
