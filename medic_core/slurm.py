@@ -97,6 +97,7 @@ class JobInfo:
     restart_count: int
     comment: str = ""
     admin_comment: str = ""
+    required_nodes: str = ""  # what `-w` asked for, as a host list; "" for none
     partition: str = ""
     description: str = ""  # state_description: "launch failed requeued held", ...
     flags: frozenset[str] = frozenset()  # the job state's flags in newer layouts
@@ -294,6 +295,7 @@ def _job(raw: Mapping[str, Any]) -> JobInfo:
         restart_count=_number(raw.get("restart_cnt")),
         comment=_text(raw.get("comment")),
         admin_comment=_text(raw.get("admin_comment")),
+        required_nodes=_text(raw.get("required_nodes")),
         partition=_text(raw.get("partition")),
         description=_text(raw.get("state_description")),
         flags=flags,
