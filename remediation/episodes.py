@@ -96,14 +96,15 @@ WAITING_IDLE = "waiting_idle"  # drained; waiting for running jobs to leave
 ACTING = "acting"  # a rung's step is recorded and running (or, after a crash, was)
 REBOOTING = "rebooting"  # the reboot was asked of Slurm; waiting for the new boot
 VERIFYING = "verifying"
-PAUSED = "paused"  # automation paused (kill switch, fleet-wide signature)
-OPEN_STATES = (WAITING_IDLE, ACTING, REBOOTING, VERIFYING, PAUSED)
+PAUSED = "paused"  # repairs paused (kill switch, fleet-wide signature); the node is drained
+WAITING_CAP = "waiting_cap"  # not drained: the drain cap is reached; drained once it frees
+OPEN_STATES = (WAITING_IDLE, ACTING, REBOOTING, VERIFYING, PAUSED, WAITING_CAP)
 RESOLVED = "resolved"  # repaired, re-qualified and resumed
 RMA = "rma"  # a ticket is open; the node stays drained
 NEEDS_HUMAN = "needs_human"  # beyond the drain cap, an unknown first rung, a drain not ours
 CLOSED_STATES = (RESOLVED, RMA, NEEDS_HUMAN)
 # Open episodes whose node Medic holds drained (they count against the drain cap).
-DRAINING_STATES = (WAITING_IDLE, ACTING, REBOOTING, VERIFYING)
+DRAINING_STATES = (WAITING_IDLE, ACTING, REBOOTING, VERIFYING, PAUSED)
 
 
 def _utc(value: Any) -> dt.datetime | None:
