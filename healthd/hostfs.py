@@ -13,11 +13,13 @@ caller in uninterruptible sleep that no signal or timeout can cut short.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import socket
+import secrets
+import stat
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Generic, Protocol, TypeVar
 
@@ -129,11 +131,38 @@ class MountOps(Protocol):
     def write_probe(self, path: Path) -> None: ...
 
 
+# Creating a file where other users can write (a group-writable mount, /var/tmp): the name
+# is unguessable, O_EXCL|O_NOFOLLOW never follows or reuses what someone planted there,
+# O_NONBLOCK never waits on a FIFO, and everything happens relative to a directory fd that
+# was itself opened without following a symlink, so the directory cannot be swapped.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+
+@contextlib.contextmanager
+def private_file(directory: Path, prefix: str, flags: int = os.O_WRONLY) -> Iterator[int]:
+    """A new file `<prefix>.<random hex>` in `directory`, mode 0600, as an fd; removed on
+    exit. Raises OSError when `directory` is a symlink or not a directory (ELOOP, ENOTDIR),
+    and never opens anything that already existed."""
+    dir_fd = os.open(directory, _DIR_FLAGS)
+    try:
+        name = f"{prefix}.{secrets.token_hex(16)}"
+        fd = os.open(name, flags | _CREATE_FLAGS, 0o600, dir_fd=dir_fd)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # O_EXCL makes this impossible
+                raise OSError(f"{directory / name}: not a regular file")
+            yield fd
+        finally:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 @dataclass(frozen=True)
 class OsMountOps:
-    probe_name: str = field(
-        default_factory=lambda: f".medic-probe.{socket.gethostname()}.{os.getpid()}"
-    )
+    probe_prefix: str = ".medic-probe"
 
     def usage(self, path: Path) -> FsUsage:
         st = os.statvfs(path)
@@ -145,14 +174,10 @@ class OsMountOps:
         )
 
     def write_probe(self, path: Path) -> None:
-        # Named per host and process: home and Lustre are shared by every node.
-        probe = path / self.probe_name
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
+        # A random name per probe: home and Lustre are shared by every node and writable
+        # by users, so the name must be neither guessable nor reused (see private_file).
+        with private_file(path, self.probe_prefix) as fd:
             os.write(fd, b"medic\n")
-        finally:
-            os.close(fd)
-        os.unlink(probe)
 
 
 T = TypeVar("T")

@@ -12,7 +12,6 @@ true) rate over what was moved rather than a timeout. MB is 10^6 bytes.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from healthd.checks.base import (
     setting,
 )
 from healthd.checks.deep_common import deep_fault
-from healthd.hostfs import BoundedCall, CallTimedOut
+from healthd.hostfs import BoundedCall, CallTimedOut, private_file
 
 NAME = "deep_fs_io"
 MIB = 1 << 20
@@ -98,27 +97,23 @@ def measure_io(
 ) -> IoReading | None:
     """Write `size` bytes (incompressible) in `block`-byte calls, fsync, drop the pages,
     read them back, unlink. Each phase stops after `budget` seconds. None when the
-    directory does not exist (even that stat can hang on a dead server, so it is here)."""
+    directory does not exist (even that stat can hang on a dead server, so it is here).
+    The file is created with `private_file`: a random name, never through a symlink."""
     if not directory.is_dir():
         return None
-    path = directory / f".medic-deep-io.{socket.gethostname()}.{os.getpid()}"
     data = memoryview(os.urandom(block))
     written = read = 0
     write_s = read_s = 0.0
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
+        # One fd for both phases: the file is never looked up by name again (private_file).
+        with private_file(directory, ".medic-deep-io", os.O_RDWR) as fd:
             start = clock()
             while written < size and clock() - start < budget:
                 written += os.write(fd, data[: min(block, size - written)])
             os.fsync(fd)
             write_s = clock() - start
             _drop_cache(fd)
-        finally:
-            os.close(fd)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            _drop_cache(fd)
+            os.lseek(fd, 0, os.SEEK_SET)
             start = clock()
             while clock() - start < budget:
                 chunk = os.read(fd, block)
@@ -126,17 +121,8 @@ def measure_io(
                     break
                 read += len(chunk)
             read_s = clock() - start
-        finally:
-            os.close(fd)
     except OSError as exc:
-        return IoReading(written, write_s, read, read_s, False, f"{path}: {exc}")
-    finally:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            pass  # reported by the read or write that failed first
+        return IoReading(written, write_s, read, read_s, False, f"{directory}: {exc}")
     return IoReading(written, write_s, read, read_s, written == size and read == size)
 
 
