@@ -5,7 +5,10 @@ kernel log feed and the `gpu_xid` check reads.
 The catalog is data (xid_catalog.json, quoted from NVIDIA's Xid Catalog), validated when
 this module is imported, so a bad entry stops the daemon at start-up with the entry named.
 Each XID has NVIDIA's resolution bucket; the bucket decides Medic's recommendation and
-status (RESTART_APP/IGNORE never drain: the user's problem, not the node's).
+status (RESTART_APP/IGNORE never drain: RESTART_APP recommends `restart_app`, the job whose
+application the XID hit restarts and the node stays in service; IGNORE is history). An entry
+may name a `follow_up`: what to do once the immediate action is done (XID 94: reset the GPU
+when it is idle, as the catalog's trigger text advises).
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from typing import Any
 
 from healthd.checks.base import Status
 from healthd.kmsg import KmsgRecord
+from medic_core.vocabulary import RECOMMENDATION_WORDS
 
 CATALOG_FILE = "xid_catalog.json"
-RECOMMENDATIONS = ("none", "gpu_reset_when_idle", "gpu_reset", "reboot", "rma", "drain")
+RECOMMENDATIONS: tuple[str, ...] = RECOMMENDATION_WORDS  # the one vocabulary, no second list
 ENTRY_STATUSES = (Status.OK, Status.WARN, Status.CRITICAL)
 UNKNOWN_BUCKET = "UNKNOWN"
 _ENTRY_KEYS = frozenset(
@@ -38,6 +42,7 @@ _ENTRY_KEYS = frozenset(
         "quoted",
         "note",
         "recommendation",
+        "follow_up",
     }
 )
 _REQUIRED = ("xid", "mnemonic", "description", "bucket", "severity")
@@ -68,6 +73,7 @@ class XidEntry:
     applies_to: tuple[str, ...]
     quoted: bool  # mnemonic/description/bucket quoted from the catalog
     note: str = ""
+    follow_up: str = ""  # a recommendation for after the immediate one ("" when none)
 
     @property
     def fault_class(self) -> str:
@@ -177,6 +183,7 @@ def _entry(index: int, raw: Any, buckets: Mapping[str, BucketRule], origin: str)
         raise _fail(origin, label, "applies_to is not a list of strings", "fix applies_to")
     rule = buckets[bucket]
     recommendation = raw.get("recommendation", rule.recommendation)
+    follow_up = raw.get("follow_up")
     return XidEntry(
         xid=xid,
         mnemonic=raw["mnemonic"],
@@ -188,6 +195,7 @@ def _entry(index: int, raw: Any, buckets: Mapping[str, BucketRule], origin: str)
         applies_to=tuple(applies),
         quoted=bool(raw.get("quoted", False)),
         note=str(raw.get("note", "")),
+        follow_up="" if follow_up is None else _recommendation(follow_up, origin, label),
     )
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -239,12 +239,15 @@ def test_xid_conditions_and_events() -> None:
     summary = [(r.fault_class, r.target, r.status, r.kind) for r in results]
     assert summary == [
         ("gpu.xid.79", "3", Status.CRITICAL, Kind.CONDITION),
+        ("gpu.xid.13", "1", Status.WARN, Kind.CONDITION),  # new RESTART_APP: restart_app
         ("gpu.xid.13", "1", Status.WARN, Kind.EVENT),
         (None, "2", Status.OK, Kind.EVENT),
         ("gpu.xid.9999", "0", Status.WARN, Kind.EVENT),
     ]
     assert results[0].evidence["count"] == 2 and results[0].remediation == Recommendation.REBOOT
-    assert results[3].evidence["bucket"] == "UNKNOWN"
+    assert results[1].remediation == Recommendation.RESTART_APP
+    assert results[4].evidence["bucket"] == "UNKNOWN"
+    assert results[4].remediation == Recommendation.NONE
     # the next run: events are not repeated, the condition stays until the window passes
     again = GpuXidCheck.evaluate(GpuXidObservation(100.0, records, 5), GpuXidConfig())
     assert [r.fault_class for r in again] == ["gpu.xid.79"]
@@ -255,6 +258,81 @@ def test_xid_conditions_and_events() -> None:
         r.status != Status.CRITICAL
         for r in GpuXidCheck.evaluate(GpuXidObservation(100.0, records, 0), relaxed)
     )
+
+
+def test_xid_94_is_a_fresh_restart_app_warn_condition_once() -> None:
+    """XID 94 (contained ECC, NVIDIA: RESTART_APP) on GPU 2: the run that first sees it reports
+    a WARN condition recommending restart_app (and the reset-when-idle follow-up); the next
+    run clears it; a second XID 94 raises it again with a higher last_seq."""
+    cfg = GpuXidConfig()
+    first = (_record(7, 94, 2, 90.0),)
+    results = GpuXidCheck.evaluate(GpuXidObservation(100.0, first, 6), cfg)
+    conditions = [r for r in results if r.kind is Kind.CONDITION]
+    assert [(r.fault_class, r.target, r.status) for r in conditions] == [
+        ("gpu.xid.94", "2", Status.WARN)
+    ]
+    [found] = conditions
+    assert found.remediation == Recommendation.RESTART_APP
+    assert found.evidence["recommendation"] == "restart_app"
+    assert found.evidence["follow_up"] == "gpu_reset_when_idle"
+    assert (found.evidence["bucket"], found.evidence["last_seq"]) == ("RESTART_APP", 7)
+    assert [r.kind for r in results if r.fault_class == "gpu.xid.94"] == [
+        Kind.CONDITION,
+        Kind.EVENT,
+    ]
+    # the next run, nothing new: only the OK condition (the daemon clears GPU 2's WARN)
+    again = GpuXidCheck.evaluate(GpuXidObservation(130.0, first, 7), cfg)
+    assert [(r.status, r.target, r.kind) for r in again] == [(Status.OK, None, Kind.CONDITION)]
+    # a second XID 94 later: a new WARN condition
+    second = (*first, _record(9, 94, 2, 140.0))
+    later = GpuXidCheck.evaluate(GpuXidObservation(150.0, second, 7), cfg)
+    [warn] = [r for r in later if r.kind is Kind.CONDITION]
+    assert (warn.status, warn.evidence["last_seq"], warn.evidence["count"]) == (Status.WARN, 9, 1)
+    # an operator who makes XID 94 OK gets history only; one who makes it CRITICAL drains
+    quiet = GpuXidConfig(status_overrides={"94": "OK"})
+    assert all(
+        r.kind is Kind.EVENT or r.status == Status.OK
+        for r in GpuXidCheck.evaluate(GpuXidObservation(100.0, first, 6), quiet)
+    )
+    loud = GpuXidConfig(status_overrides={"94": "CRITICAL"})
+    [crit] = GpuXidCheck.evaluate(GpuXidObservation(100.0, first, 6), loud)
+    assert (crit.status, crit.kind) == (Status.CRITICAL, Kind.CONDITION)
+
+
+class _NoGpus:
+    """An NVML client that sees no GPU: kernel-log XIDs keep their PCI id as the target."""
+
+    def device_count(self) -> int:
+        return 0
+
+
+def test_restart_app_xid_from_the_kernel_log(tmp_path: Path) -> None:
+    """The driver's exact XID 94 line, read from dev/kmsg under the host root."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "kmsg").write_text(
+        "3,1201,5123456789,-;NVRM: Xid (PCI:0000:3b:00): 94, pid=4242, name=python,"
+        " Contained: CE User Channel (0x9). RST: No, D-RST: No\n"
+    )
+    xids = XidBuffer()
+    check = GpuXidCheck()
+    cfg = GpuXidConfig()
+    ctx = CheckContext.for_root(
+        tmp_path, nvml=GpuContext(cast(Any, _NoGpus()), xids, None), clock=_Clock(monotonic=5200.0)
+    )
+    results = check.evaluate(check.gather(ctx, cfg), cfg)
+    [condition] = [r for r in results if r.kind is Kind.CONDITION]
+    assert (condition.fault_class, condition.target, condition.status) == (
+        "gpu.xid.94",
+        "pci:0000:3b:00",
+        Status.WARN,
+    )
+    assert condition.evidence["recommendation"] == "restart_app"
+    [record] = condition.evidence["records"]
+    assert (record["pid"], record["process"]) == (4242, "python")
+    assert record["message"].startswith("Contained: CE User Channel")
+    # read once: the next run neither repeats the event nor keeps the condition
+    again = check.evaluate(check.gather(ctx, cfg), cfg)
+    assert [(r.status, r.kind) for r in again] == [(Status.OK, Kind.CONDITION)]
 
 
 def test_every_gpu_check_is_registered_with_its_tiers() -> None:
@@ -415,9 +493,11 @@ def test_xid_13_restart_app_is_not_critical(lab: Lab) -> None:
         assert listener.stop()
     results = lab.run("gpu_xid")
     assert all(r.status != Status.CRITICAL for r in results)
-    event = [r for r in results if r.fault_class == "gpu.xid.13"]
-    assert event and event[0].status == Status.WARN and event[0].kind == Kind.EVENT
-    assert event[0].remediation == Recommendation.NONE
+    found = [(r.status, r.kind, r.remediation) for r in results if r.fault_class == "gpu.xid.13"]
+    assert found == [
+        (Status.WARN, Kind.CONDITION, Recommendation.RESTART_APP),
+        (Status.WARN, Kind.EVENT, Recommendation.RESTART_APP),
+    ]
 
 
 def test_listener_survives_a_lost_gpu(lab: Lab) -> None:
@@ -470,6 +550,7 @@ def test_kernel_log_xids_map_to_gpus_by_pci_id(lab: Lab) -> None:
     results = check.evaluate(check.gather(ctx, cfg), cfg)
     assert [(r.fault_class, r.target, r.status, r.kind) for r in results] == [
         ("gpu.xid.79", "1", Status.CRITICAL, Kind.CONDITION),
+        ("gpu.xid.13", "2", Status.WARN, Kind.CONDITION),
         ("gpu.xid.13", "2", Status.WARN, Kind.EVENT),
     ]
     assert results[0].evidence["records"][0]["pid"] == 2201

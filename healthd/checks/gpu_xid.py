@@ -6,9 +6,14 @@ XIDs reach the recent-XID buffer (`GpuContext.xids`) from two sources: the XID l
 catches XIDs logged before the daemon started). A report from both is one XID.
 
 An XID whose catalog bucket calls for a GPU reset, reboot or RMA is a CRITICAL condition
-for `window_seconds` (or until the remediation ladder clears the GPU's XIDs after a reset);
-RESTART_APP / IGNORE XIDs are the user's problem: reported once as a WARN (or OK) event,
-never a drain. An XID missing from the catalog is a WARN event with bucket UNKNOWN.
+for `window_seconds` (or until the remediation ladder clears the GPU's XIDs after a reset).
+RESTART_APP XIDs (recommendation `restart_app`: the application they hit must restart, the
+node stays in service) are reported once as a WARN event (history) and, on the run that
+first sees them, as a WARN condition on their GPU, so the daemon hands a fresh one to the
+decision core (requeue the job on that GPU); the next run clears that condition, and the
+next such XID raises it again. Evidence `last_seq` (the buffer's number of the newest XID)
+tells two such XIDs in consecutive runs apart. IGNORE XIDs are an OK event (history); an
+XID missing from the catalog is a WARN event with bucket UNKNOWN. Neither ever drains.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from healthd.checks.gpu_common import gpu_context, gpu_fault, gpu_ok
 from healthd.kmsg import read_since
 from healthd.nvml_client import NvmlClient, NvmlError, pci_key
 from healthd.xid import CATALOG, XidEntry, XidRecord, xids_from_records
+from medic_core.vocabulary import Recommendation
 
 NAME = "gpu_xid"
 SAMPLES = 5
@@ -144,6 +150,7 @@ class GpuXidCheck(Check[GpuXidObservation, GpuXidConfig]):
     @staticmethod
     def evaluate(observation: GpuXidObservation, cfg: GpuXidConfig) -> list[Result]:
         groups: dict[tuple[int | None, int], list[XidRecord]] = {}
+        restarts: dict[tuple[int | None, int], list[XidRecord]] = {}
         events: list[Result] = []
         for record in observation.records:
             if record.xid in cfg.ignore_xids:
@@ -155,7 +162,14 @@ class GpuXidCheck(Check[GpuXidObservation, GpuXidConfig]):
                     groups.setdefault((record.gpu, record.xid), []).append(record)
             elif record.seq > observation.reported_through:
                 events.append(_event(record, entry, status))
-        conditions = [_condition(records, observation.now) for records in groups.values()]
+                if status == Status.WARN and entry.recommendation == Recommendation.RESTART_APP:
+                    restarts.setdefault((record.gpu, record.xid), []).append(record)
+        conditions = [
+            _condition(records, observation.now, Status.CRITICAL) for records in groups.values()
+        ]
+        conditions += [
+            _condition(records, observation.now, Status.WARN) for records in restarts.values()
+        ]
         if not conditions:
             evidence = {
                 "window_seconds": cfg.window_seconds,
@@ -183,7 +197,9 @@ def _target(record: XidRecord) -> str | None:
 
 
 def _describe(entry: XidEntry) -> dict[str, object]:
+    follow_up = {"follow_up": entry.follow_up} if entry.follow_up else {}
     return {
+        **follow_up,
         "xid": entry.xid,
         "mnemonic": entry.mnemonic,
         "description": entry.description,
@@ -198,14 +214,14 @@ def _where(record: XidRecord) -> str:
     return f"GPU {record.gpu}" if record.gpu is not None else f"PCI {record.pci or '?'}"
 
 
-def _condition(records: list[XidRecord], now: float) -> Result:
+def _condition(records: list[XidRecord], now: float, status: Status) -> Result:
     last = records[-1]
     entry = CATALOG.lookup(last.xid)
     times = f"{len(records)}x, " if len(records) > 1 else ""
     detail = f": {last.message}" if last.message else ""
     return gpu_fault(
         NAME,
-        Status.CRITICAL,
+        status,
         entry.fault_class,
         f"{_where(last)}: XID {entry.xid} {entry.description} ({times}last"
         f" {max(0.0, now - last.monotonic):.0f}s ago; NVIDIA: {entry.bucket}){detail}",
@@ -214,6 +230,7 @@ def _condition(records: list[XidRecord], now: float) -> Result:
         evidence={
             **_describe(entry),
             "count": len(records),
+            "last_seq": last.seq,
             "records": [r.evidence() for r in records[-SAMPLES:]],
         },
     )
