@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import select
 import stat
 import threading
@@ -27,6 +28,16 @@ log = logging.getLogger("medic.healthd.kmsg")
 
 WARNING_LEVEL = 4  # kernel levels 0 (emerg) .. 4 (warning) wake the kernel_log check
 
+# The mlx5 driver's link lines, logged at level 6 (info), so the level test alone misses
+# them: "mlx5_core 0000:18:00.0 ibp24s0: Link down" (netdev_info in mlx5e_update_carrier),
+# "... Link up", and the cable/module events "mlx5_core 0000:18:00.0: Module 0, status:
+# unplugged" (older kernels: "...: Port module event: module 0, Cable unplugged"). They wake
+# the ib check (the port's state is read from sysfs) and kernel_log (its mlx5 rules).
+_IB_LINK = re.compile(
+    r"^mlx5_core \S+ \S+: Link (?:down|up)\b"
+    r"|^mlx5_core \S+: .*(?:Port module event|Module \d+, status)"
+)
+
 
 def checks_for_line(line: str) -> tuple[str, ...]:
     """The checks a new kmsg record concerns."""
@@ -35,6 +46,8 @@ def checks_for_line(line: str) -> tuple[str, ...]:
         return ()
     if "NVRM: Xid" in record.message:
         return ("gpu_xid", "kernel_log")
+    if _IB_LINK.search(record.message):
+        return ("ib", "kernel_log")
     if record.level <= WARNING_LEVEL:
         return ("kernel_log",)
     return ()

@@ -27,13 +27,23 @@ class Rung(IntEnum):
 
 
 # The finding's recommendation (NVIDIA's XID bucket for XIDs, the check's own otherwise)
-# -> the first rung. "drain" and "none" start no ladder: a human looks, or nothing to do.
+# -> the first rung; every word of medic_core.vocabulary.Recommendation has an entry. None
+# starts no repair rung:
+# * "drain", "none": a human looks, or nothing to do.
+# * "restart_app": the application restarts (the decision core requeues the job it hit); the
+#   node stays in service and nothing on it is repaired.
+# * "restart_service": a host service (munged, ...) is down. Restarting the GPU driver would
+#   not bring it back and would kill every job's GPUs: a human restarts the service.
+# * "recheck": a link (an InfiniBand port) that may come back by itself or by a cable
+#   reseat: the node is drained and the finding re-checked; no GPU rung touches a link.
 FIRST_RUNG: Mapping[str, Rung | None] = {
     "gpu_reset": Rung.GPU_RESET,
     "gpu_reset_when_idle": Rung.GPU_RESET,
-    "restart_service": Rung.DRIVER_RELOAD,
     "reboot": Rung.REBOOT,
     "rma": Rung.RMA,
+    "restart_app": None,
+    "restart_service": None,
+    "recheck": None,
     "drain": None,
     "none": None,
 }

@@ -53,7 +53,13 @@ def test_port_not_active_or_not_linkup_is_down(state: str, phys: str) -> None:
     obs = IbObservation(True, (port(state=state, phys_state=phys, rate="10 Gb/sec (4X SDR)"),))
     (result,) = IbCheck.evaluate(obs, IbConfig(min_rate_gbps=400))
     assert (result.status, result.fault_class) == (Status.CRITICAL, "ib.port.down")
-    assert result.remediation == "reboot" and result.evidence["state"] == state
+    assert result.remediation == "recheck" and result.evidence["state"] == state
+    assert (result.target, result.evidence["hca"], result.evidence["port"]) == (
+        "mlx5_0/1",
+        "mlx5_0",
+        1,
+    )
+    assert result.message.startswith("HCA mlx5_0 port 1 is ")
 
 
 def test_degraded_rate() -> None:
@@ -135,6 +141,40 @@ def test_down_port_in_the_tree(host: Path) -> None:
     (host / IB / "mlx5_3/ports/1/phys_state").write_text("3: Disabled\n")
     bad = [r for r in run(IbCheck(), host) if r.status is not Status.OK]
     assert statuses(bad) == [(Status.CRITICAL, "ib.port.down", "mlx5_3/1")]
+
+
+def test_down_port_names_the_hca_port_and_node_guid(host: Path) -> None:
+    """The exact sysfs formats: state/phys_state "N: NAME", rate "N Gb/sec (..)", node_guid
+    four groups of four hex digits; the ticket and the human read them from the finding."""
+    (host / IB / "mlx5_3/ports/1/state").write_text("1: DOWN\n")
+    (host / IB / "mlx5_3/ports/1/phys_state").write_text("2: Polling\n")
+    (host / IB / "mlx5_3/ports/1/rate").write_text("10 Gb/sec (4X SDR)\n")
+    (host / IB / "mlx5_3/node_guid").write_text("b8ce:f603:00a1:2f3c\n")
+    [down] = [r for r in run(IbCheck(), host) if r.status is not Status.OK]
+    assert down.target == "mlx5_3/1"
+    assert down.remediation == "recheck"
+    assert {k: down.evidence[k] for k in ("hca", "port", "node_guid")} == {
+        "hca": "mlx5_3",
+        "port": 1,
+        "node_guid": "b8ce:f603:00a1:2f3c",
+    }
+    assert (down.evidence["state"], down.evidence["phys_state"], down.evidence["rate"]) == (
+        "1: DOWN",
+        "2: Polling",
+        "10 Gb/sec (4X SDR)",
+    )
+    assert "HCA mlx5_3 port 1, node GUID b8ce:f603:00a1:2f3c is 1: DOWN / 2: Polling" in (
+        down.message
+    )
+
+
+def test_unreadable_node_guid_is_left_out_not_an_error(host: Path) -> None:
+    (host / IB / "mlx5_3/ports/1/state").write_text("1: DOWN\n")
+    guid = host / IB / "mlx5_3/node_guid"
+    guid.unlink(missing_ok=True)
+    guid.mkdir()  # reading it raises IsADirectoryError
+    [down] = [r for r in run(IbCheck(), host) if r.status is not Status.OK]
+    assert (down.fault_class, down.evidence["node_guid"]) == ("ib.port.down", None)
 
 
 def test_removed_hca_and_degraded_rate_in_the_tree(host: Path) -> None:

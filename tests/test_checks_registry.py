@@ -98,7 +98,7 @@ def test_register_rejects_unknown_needs_and_duplicates() -> None:
 @pytest.mark.parametrize(
     ("fault_class", "expected"),
     [
-        ("ib.port.down", Recommendation.REBOOT),
+        ("ib.port.down", Recommendation.RECHECK),
         ("ib.errors.symbol", Recommendation.NONE),
         ("mem.edac.ue", Recommendation.RMA),
         ("fs.hung", Recommendation.DRAIN),

@@ -42,3 +42,27 @@ def test_missing_zombie_and_fabricmanager(tmp_path: Path) -> None:
 def test_nothing_required_is_not_applicable() -> None:
     (result,) = ServicesCheck.evaluate(ServicesObservation({}), ServicesConfig(required=()))
     assert result.status is Status.NOT_APPLICABLE
+
+
+def test_down_service_names_its_systemd_unit(tmp_path: Path) -> None:
+    """munged runs as munge.service: the finding names the unit a restart (or a human)
+    must act on, and a configured unit replaces the default."""
+    write_host_tree(tmp_path)
+    shutil.rmtree(tmp_path / "proc/1001")
+    write_process(tmp_path, 1002, "nvidia-persistenced", state="Z")
+    cfg = ServicesConfig(required=("munged", "nvidia-persistenced", "nv-hostengine"))
+    down = [r for r in run(tmp_path, cfg) if r.status is Status.CRITICAL]
+    assert [(r.target, r.evidence["unit"]) for r in down] == [
+        ("munged", "munge.service"),
+        ("nvidia-persistenced", "nvidia-persistenced.service"),
+        ("nv-hostengine", "nv-hostengine.service"),
+    ]
+    assert down[0].message == "munged is not running (unit munge.service)"
+    custom = ServicesConfig(units={"munged": "munge-site.service"})
+    assert custom.unit("munged") == "munge-site.service"
+    assert custom.unit("nvidia-persistenced") == "nvidia-persistenced.service"
+
+
+def test_a_unit_that_is_not_a_service_is_refused() -> None:
+    problems = list(ServicesConfig(units={"munged": "../../bin/sh"}).problems())
+    assert [p[0] for p in problems] == ["units.munged"]

@@ -61,7 +61,7 @@ class Kind(StrEnum):
 # Recommended remediation per fault class; the longest dotted prefix wins, so "fs" covers
 # every fs.* class without its own entry. The one place this mapping lives.
 REMEDIATIONS: Mapping[str, Recommendation] = {
-    "ib.port.down": Recommendation.REBOOT,
+    "ib.port.down": Recommendation.RECHECK,  # a link may come back: drain, re-check, a human
     "ib.port.missing": Recommendation.REBOOT,
     "ib.port.rate": Recommendation.DRAIN,
     "ib.errors": Recommendation.NONE,

@@ -1,5 +1,13 @@
 """InfiniBand ports from /sys/class/infiniband: state, physical state, rate, port count and
-the growth of error counters between runs."""
+the growth of error counters between runs.
+
+A port that is down (`ib.port.down`) recommends `recheck`: a link may come back (a switch
+reboot, a reseated cable), so the node is drained and the port re-checked, then a human;
+never a GPU reset, a reboot or an RMA of the node's GPUs. The finding names the HCA and port
+(target "mlx5_0/1"; evidence hca, port, state, phys_state, rate, link_layer and the HCA's
+node_guid when readable). The daemon's kernel log follower wakes this check at once on the
+mlx5 driver's link lines (healthd/kmsg_watch.py), so a port going down is judged in about a
+second rather than at the next interval."""
 
 from __future__ import annotations
 
@@ -90,6 +98,7 @@ class IbPort:
     link_layer: str | None
     counters: Mapping[str, int] = field(default_factory=dict)
     read_errors: Mapping[str, str] = field(default_factory=dict)
+    node_guid: str | None = None  # the HCA's, "b8ce:f603:00a1:2f3c"; None when unreadable
 
     @property
     def key(self) -> str:
@@ -113,7 +122,14 @@ def parse_state(text: str | None) -> tuple[int, str] | None:
     return (int(match.group(1)), match.group(2)) if match else None
 
 
-def _read_port(ctx: CheckContext, hca: str, port: int) -> IbPort:
+def _read_node_guid(ctx: CheckContext, hca: str) -> str | None:
+    try:
+        return read_value(ctx.roots.root, f"{CLASS_DIR}/{hca}/node_guid") or None
+    except OSError:
+        return None  # evidence only: a port's verdict never depends on it
+
+
+def _read_port(ctx: CheckContext, hca: str, port: int, node_guid: str | None = None) -> IbPort:
     base = f"{CLASS_DIR}/{hca}/ports/{port}"
     root = ctx.roots.root
     values: dict[str, str | None] = {}
@@ -140,6 +156,7 @@ def _read_port(ctx: CheckContext, hca: str, port: int) -> IbPort:
         values["link_layer"],
         counters,
         errors,
+        node_guid,
     )
 
 
@@ -151,7 +168,9 @@ def _read_port(ctx: CheckContext, hca: str, port: int) -> IbPort:
     needs=("host",),
     faults={
         "ib.port.down": Fault(
-            Status.CRITICAL, "state is not 4: ACTIVE or phys_state is not 5: LinkUp"
+            Status.CRITICAL,
+            "state is not 4: ACTIVE or phys_state is not 5: LinkUp (target hca/port; evidence"
+            " names the HCA, port and node GUID)",
         ),
         "ib.port.rate": Fault(
             Status.CRITICAL, "rate below min_rate_gbps (e.g. 200 Gb/sec (2X NDR): a lane down)"
@@ -208,9 +227,10 @@ class IbCheck(Check[IbObservation, IbConfig]):
         for hca in hcas:
             if hca in cfg.ignore_hcas:
                 continue
+            guid = _read_node_guid(ctx, hca)
             for port in list_dir(ctx.roots.root, f"{CLASS_DIR}/{hca}/ports") or []:
                 if port.isdigit():
-                    ports.append(_read_port(ctx, hca, int(port)))
+                    ports.append(_read_port(ctx, hca, int(port), guid))
         observation = IbObservation(True, tuple(ports), self._previous)
         self._previous = {p.key: dict(p.counters) for p in ports}
         return observation
@@ -269,6 +289,7 @@ def _port_findings(
         "rate": port.rate,
         "link_layer": port.link_layer,
     }
+    where = {"hca": port.hca, "port": port.port, "node_guid": port.node_guid}
     if port.read_errors:
         yield fault(
             NAME,
@@ -291,13 +312,15 @@ def _port_findings(
             )
         return
     if state[1] != "ACTIVE" or phys[1] != "LinkUp":
+        guid = f", node GUID {port.node_guid}" if port.node_guid else ""
         yield fault(
             NAME,
             Status.CRITICAL,
             "ib.port.down",
-            f"{port.key} is {port.state} / {port.phys_state}, expected 4: ACTIVE / 5: LinkUp",
+            f"HCA {port.hca} port {port.port}{guid} is {port.state} / {port.phys_state},"
+            " expected 4: ACTIVE / 5: LinkUp",
             target=port.key,
-            evidence=evidence,
+            evidence={**where, **evidence},
         )
         return  # a down port reports a meaningless rate
     gbps = parse_rate_gbps(port.rate)

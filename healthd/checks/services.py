@@ -1,9 +1,13 @@
-"""Required daemons: a live process with the service's name under /proc."""
+"""Required daemons: a live process with the service's name under /proc.
+
+`service.down` recommends `restart_service`: the ladder starts no GPU rung for it (never a
+driver reload); a human, or a capped restart of exactly the unit named in the finding's
+evidence (`unit`, e.g. munge.service for munged), brings it back."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from healthd.checks.base import (
     Check,
@@ -13,6 +17,7 @@ from healthd.checks.base import (
     Result,
     Status,
     Tier,
+    bounds,
     fault,
     not_applicable,
     ok,
@@ -24,6 +29,12 @@ from healthd.hostfs import list_dir, read_text, read_value
 NAME = "services"
 COMM_LEN = 15  # the kernel truncates /proc/<pid>/comm to TASK_COMM_LEN - 1 bytes
 FABRICMANAGER = "nv-fabricmanager"
+# The systemd unit of each daemon whose process name differs from "<name>.service".
+DEFAULT_UNITS: Mapping[str, str] = {
+    "munged": "munge.service",
+    "nvidia-persistenced": "nvidia-persistenced.service",
+    FABRICMANAGER: "nvidia-fabricmanager.service",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +45,19 @@ class ServicesConfig(CheckConfig):
     fabricmanager: bool = setting(
         False, doc="also require nv-fabricmanager (NVSwitch systems: HGX H100/H200/B200)"
     )
+    units: dict[str, str] = field(
+        default_factory=lambda: dict(DEFAULT_UNITS),
+        metadata=bounds(
+            doc="systemd unit per process name, merged over the defaults"
+            " (munged = munge.service); any other name is <name>.service"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "units", {**DEFAULT_UNITS, **self.units})
+
+    def unit(self, service: str) -> str:
+        return self.units.get(service) or f"{service}.service"
 
     @property
     def services(self) -> tuple[str, ...]:
@@ -43,6 +67,9 @@ class ServicesConfig(CheckConfig):
         for name in self.required:
             if not name or "/" in name:
                 yield "required", f"{name!r} is not a process name", "give the daemon's name"
+        for name, unit in self.units.items():
+            if "/" in unit or not unit.endswith(".service"):
+                yield f"units.{name}", f"{unit!r} is not a service unit", "e.g. munge.service"
 
 
 @dataclass(frozen=True)
@@ -109,9 +136,9 @@ class ServicesCheck(Check[ServicesObservation, ServicesConfig]):
                         NAME,
                         Status.CRITICAL,
                         "service.down",
-                        f"{service} is not running",
+                        f"{service} is not running (unit {cfg.unit(service)})",
                         target=service,
-                        evidence={"comm": service[:COMM_LEN]},
+                        evidence={"comm": service[:COMM_LEN], "unit": cfg.unit(service)},
                     )
                 )
         return results
