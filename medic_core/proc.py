@@ -79,7 +79,10 @@ def run(
             stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            text=True,
+            # Output is data (job names, reasons, comments users wrote): bytes that are not
+            # UTF-8 become U+FFFD instead of a UnicodeDecodeError that loses everything.
+            encoding="utf-8",
+            errors="replace",
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,

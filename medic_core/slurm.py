@@ -16,6 +16,7 @@ parser per layout reads it (see docs/slurm-client.md):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 
 from medic_core import proc
 
+log = logging.getLogger("medic.slurm")
 DEFAULT_BIN_DIRS = (Path("/usr/bin"), Path("/usr/local/bin"), Path("/opt/slurm/bin"))
 DEFAULT_TIMEOUT = 15.0
 
@@ -196,6 +198,8 @@ def _load(text: str, what: str) -> dict[str, Any]:
         doc = json.loads(text)
     except ValueError as exc:
         raise SlurmError(f"{what}: not JSON ({exc})") from exc
+    except RecursionError:
+        raise SlurmError(f"{what}: JSON nested too deeply to read") from None
     if not isinstance(doc, dict):
         raise SlurmError(f"{what}: expected a JSON object, got {type(doc).__name__}")
     return doc
@@ -204,10 +208,10 @@ def _load(text: str, what: str) -> dict[str, Any]:
 def layout_of(doc: Mapping[str, Any], what: str) -> str:
     """The JSON layout `meta` reports: "v0.0.38" for 22.05 (meta.plugin.type
     "openapi/v0.0.38"), meta.plugin.data_parser's version from 23.02 on. Unknown -> SlurmError."""
-    meta = doc.get("meta") or {}
-    plugin = meta.get("plugin") or meta.get("plugins") or {}
-    slurm = meta.get("Slurm") or meta.get("slurm") or {}
-    release = str(slurm.get("release") or "unknown release")
+    meta = _mapping(doc.get("meta"))
+    plugin = _mapping(meta.get("plugin") or meta.get("plugins"))
+    slurm = _mapping(meta.get("Slurm") or meta.get("slurm"))
+    release = _text(slurm.get("release") or "unknown release")
     found = ""
     for key in ("data_parser", "type"):
         match = re.search(r"v0\.0\.\d+", str(plugin.get(key) or ""))
@@ -224,31 +228,90 @@ def layout_of(doc: Mapping[str, Any], what: str) -> str:
     return found
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _number(value: Any) -> int:
-    """22.05 prints plain numbers; newer layouts may print {"set": true, "number": n}."""
+    """22.05 prints plain numbers; newer layouts may print {"set": true, "number": n}.
+    Anything else (text, a list, a float that is not finite) raises ValueError/TypeError."""
     if isinstance(value, Mapping):
-        return int(value.get("number") or 0) if value.get("set", True) else 0
+        return _number(value.get("number")) if value.get("set", True) else 0
+    if isinstance(value, float):
+        return int(value)  # OverflowError/ValueError for inf/nan: a record Medic skips
+    if isinstance(value, str):
+        value = value.strip()
+        if not value.isascii():  # int() also reads "٣" and other digits; Slurm never prints them
+            raise ValueError(f"not a number: {value!r}")
     return int(value or 0)
 
 
 def _text(value: Any) -> str:
-    return "" if value is None else str(value)
+    """A string from Slurm as data: never None, and no lone surrogates (a JSON "\\udcff"
+    escape) that would fail later when written to the store, a log or a terminal."""
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else str(value)
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _words(value: Any) -> list[str]:
     if isinstance(value, list):
-        return [str(v).upper() for v in value]
-    return [str(value).upper()] if value else []
+        return [_text(v).upper() for v in value]
+    return [_text(value).upper()] if value else []
+
+
+def _records(
+    doc: Mapping[str, Any],
+    key: str,
+    parse: Callable[[Mapping[str, Any]], Any],
+    what: str,
+) -> list[Any]:
+    """Every record of doc[key] that parses; one that does not (a user's text in a shape
+    Medic cannot read) is skipped and logged in one line, never stopping the others."""
+    raw_list = doc.get(key) or ()
+    if not isinstance(raw_list, list):
+        raise SlurmError(f"{what}: '{key}' is a {type(raw_list).__name__}, expected a list")
+    out: list[Any] = []
+    skipped: list[str] = []
+    for index, raw in enumerate(raw_list):
+        try:
+            if not isinstance(raw, Mapping):
+                raise TypeError(f"a {type(raw).__name__}, not an object")
+            out.append(parse(raw))
+        except (
+            KeyError,
+            TypeError,
+            ValueError,
+            AttributeError,
+            OverflowError,
+            RecursionError,
+        ) as exc:
+            ident = raw.get("job_id", raw.get("name")) if isinstance(raw, Mapping) else None
+            label = f"#{index}" if ident is None else _text(ident)[:64]
+            skipped.append(f"{label} ({type(exc).__name__}: {_text(exc)[:120]})")
+    if skipped:
+        log.warning(
+            "%s: skipped %d of %d %s Medic cannot read: %s",
+            what,
+            len(skipped),
+            len(raw_list),
+            key,
+            "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else ""),
+        )
+    return out
 
 
 def _node_legacy(raw: Mapping[str, Any]) -> NodeInfo:
     return NodeInfo(
-        name=str(raw["name"]),
+        name=_name(raw["name"]),
         state=_text(raw.get("state") or "unknown").upper(),
         flags=frozenset(_words(raw.get("state_flags"))),
         reason=_text(raw.get("reason")),
         reason_user=_text(raw.get("reason_set_by_user")),
-        partitions=tuple(str(p) for p in raw.get("partitions") or ()),
+        partitions=_texts(raw.get("partitions")),
         reason_time=_number(raw.get("reason_changed_at")),
         gres=_text(raw.get("gres")),
         gres_used=_text(raw.get("gres_used")),
@@ -256,16 +319,31 @@ def _node_legacy(raw: Mapping[str, Any]) -> NodeInfo:
     )
 
 
+def _name(value: Any) -> str:
+    """A node name or job id: a non-empty string or number, nothing else."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        raise ValueError(f"not a name: {value!r}")
+    return _text(value)
+
+
+def _texts(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (_text(value),)
+    if not isinstance(value, list):
+        return ()
+    return tuple(_text(p) for p in value)
+
+
 def _node_flag_list(raw: Mapping[str, Any]) -> NodeInfo:
     words = _words(raw.get("state"))
     base = next((w for w in words if w in NODE_BASE_STATES), "UNKNOWN")
     return NodeInfo(
-        name=str(raw["name"]),
+        name=_name(raw["name"]),
         state=base,
         flags=frozenset(w for w in words if w != base),
         reason=_text(raw.get("reason")),
         reason_user=_text(raw.get("reason_set_by_user")),
-        partitions=tuple(str(p) for p in raw.get("partitions") or ()),
+        partitions=_texts(raw.get("partitions")),
         reason_time=_number(raw.get("reason_changed_at")),
         gres=_text(raw.get("gres")),
         gres_used=_text(raw.get("gres_used")),
@@ -285,7 +363,7 @@ def _job(raw: Mapping[str, Any]) -> JobInfo:
     # (a word, then a list) and restart_cnt (a number, maybe an object) changed shape.
     state, flags = _job_state(_words(raw.get("job_state")))
     return JobInfo(
-        job_id=str(raw["job_id"]),
+        job_id=_name(raw["job_id"]),
         name=_text(raw.get("name")),
         user=_text(raw.get("user_name")),
         state=state,
@@ -312,20 +390,33 @@ def parse_nodes(text: str, what: str = "sinfo --json") -> list[NodeInfo]:
     doc = _load(text, what)
     parser = NODE_PARSERS[layout_of(doc, what)]
     if "nodes" not in doc:
-        keys = ", ".join(sorted(k for k in doc if k != "meta"))
+        keys = ", ".join(sorted(_text(k)[:40] for k in doc if k != "meta"))
         raise SlurmError(f"{what}: no 'nodes' list (keys: {keys})")
-    return [parser(raw) for raw in doc["nodes"]]
+    return list(_records(doc, "nodes", parser, what))
 
 
 def parse_jobs(text: str, what: str = "squeue --json") -> list[JobInfo]:
+    """Jobs from `squeue --json`; a job whose record cannot be read is skipped (and logged),
+    the others come through: one user's job name never stops Medic acting on the rest."""
     doc = _load(text, what)
     layout_of(doc, what)
-    return [_job(raw) for raw in doc.get("jobs") or ()]
+    return list(_records(doc, "jobs", _job, what))
 
 
 # Names the rest of Medic already imports.
 parse_sinfo = parse_nodes
 parse_squeue = parse_jobs
+
+
+def _holds(job: JobInfo, node: str) -> bool:
+    """`node` is in the job's host list; a list Medic cannot read is logged, not raised."""
+    if job.nodes == node:
+        return True
+    try:
+        return node in job.node_names
+    except ValueError as exc:
+        log.warning("job %s: host list %r unreadable (%s); not counted", job.job_id, job.nodes, exc)
+        return False
 
 
 # --- the CLI backend -------------------------------------------------------------------------
@@ -401,7 +492,7 @@ class CliSlurm:
         return [
             j
             for j in self.jobs()
-            if j.state not in FINAL_JOB_STATES and j.state != "PENDING" and node in j.node_names
+            if j.state not in FINAL_JOB_STATES and j.state != "PENDING" and _holds(j, node)
         ]
 
     def drain(self, node: str, reason: str) -> None:

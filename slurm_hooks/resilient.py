@@ -17,6 +17,7 @@ MAX_RESTARTS = 1000
 TAG_PREFIX = "medic:resilient="
 
 _TAG = re.compile(r"(?:^|(?<=\s))medic:resilient=(\S*)(?=\s|$)")
+_DIGITS = re.compile(r"[0-9]{1,9}", re.ASCII)
 
 
 def parse_resilient(comment: str | None) -> int | None:
@@ -30,7 +31,9 @@ def parse_resilient(comment: str | None) -> int | None:
     if match is None:
         return None
     value = match.group(1)
-    if not value.isdigit() or int(value) > MAX_RESTARTS:
+    # ASCII digits only: str.isdigit() also accepts "²" (which int() then refuses) and
+    # "٣" (which int() reads); a comment is user text and must never raise.
+    if not _DIGITS.fullmatch(value) or int(value) > MAX_RESTARTS:
         return None
     return int(value)
 
