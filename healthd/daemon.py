@@ -41,12 +41,14 @@ from healthd.gpu_plumbing import GpuPlumbing, start_gpu_plumbing
 from healthd.jobs import SpoolJobState
 from healthd.kmsg_watch import KmsgWatcher
 from healthd.metrics import DaemonMetrics
-from healthd.results import SEVERITY_OF, merge_by_target, result_json
+from healthd.results import SEVERITY_OF, finding_of, merge_by_target, result_json
 from healthd.runner import Runner, RunnerBusy, RunReport
 from healthd.xid_listener import EventKind, GpuEvent
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.settings import DaemonSettings, WebhookSettings
+from medic_core.slurm import SlurmError
 from medic_core.store import ConditionUpdate, Severity, Store, open_configured_store
+from remediation.decide import primary
 from remediation.episodes import EpisodeStore
 from remediation.ladder import Ladder
 from remediation.webhook import deliver_pending
@@ -57,6 +59,9 @@ SOCKET_OPS = ("ping", "status", "launch", "check", "job_end", "job_summary", "ev
 # What the epilog's job_end runs: the GPUs still there and clean after the job.
 POST_JOB_CHECKS = ("gpu_count", "gpu_xid", "gpu_ecc", "gpu_retired_pages", "gpu_remapped_rows")
 HOOK_EVENT_KINDS = ("gate", "job_summary", "job_action")
+# A fresh WARN with one of these recommendations is acted on too: a reset once the node is
+# idle (pending page retirement, pending row remap), and an application restart (XID 94).
+ACTIONABLE_WARN = ("gpu_reset_when_idle", "restart_app")
 REFRESH_SECONDS = 300.0  # an unchanged condition's message, evidence and updated_at
 
 
@@ -204,7 +209,7 @@ class HealthDaemon:
                     (r.check, r.target or "")
                     for r in conditions
                     if r.status == Status.WARN
-                    and r.evidence.get("recommendation") == "gpu_reset_when_idle"
+                    and r.evidence.get("recommendation") in ACTIONABLE_WARN
                 }
                 fresh = {
                     (c.type, c.target)
@@ -352,23 +357,45 @@ class HealthDaemon:
 
     # ---- socket operations -------------------------------------------------------------
 
-    def launch_verdict(self, budget: float) -> dict[str, Any]:
+    def launch_verdict(self, budget: float, *, fresh_only: bool = False) -> dict[str, Any]:
         """The prolog's question: may a job start here? Current launch-tier results younger
-        than launch_max_age are reused; the stale ones are run now, within `budget`."""
+        than launch_max_age are reused; the stale ones are run now. Waiting for the runner
+        (a periodic run in progress) and the run itself fit in `budget` together: a check
+        that could not answer in time is UNKNOWN. With `fresh_only` (the compiled front,
+        which waits only a fixed short time) stale results are not run: the reply names
+        them instead of carrying a status, and the Python prolog asks again with a budget."""
+        lock_step, min_run = 0.05, 0.01  # seconds
         start = time.monotonic()
+        deadline = start + budget
         names = self.checks.selected(tier=Tier.LAUNCH)
         max_age = self.settings.launch_max_age
-        stale = [n for n in names if start - self._latest.get(n, (-1e18, ()))[0] > max_age]
-        busy = ""
-        if stale:
+
+        def stale_now() -> list[str]:
+            now = time.monotonic()
+            return [n for n in names if now - self._latest.get(n, (-1e18, ()))[0] > max_age]
+
+        stale = stale_now()
+        if stale and fresh_only:
+            return {"node": self.node, "tier": Tier.LAUNCH.value, "stale": stale}
+        ran, busy = list(stale), ""
+        while stale:
+            left = deadline - time.monotonic()
+            if left <= min_run:
+                busy = f"the runner was busy for the whole {budget:g}s launch budget"
+                break
+            # Queue for the runner in short steps, each run capped by what is left after its
+            # step, so wait + run <= budget; a periodic run that ends meanwhile may have
+            # refreshed some of the stale checks, which are then reused.
+            step = min(lock_step, left / 2)
             try:
-                self.run_checks(stale, budget=budget, wait=budget / 2)
-            except RunnerBusy as exc:
-                busy = str(exc)
+                self.run_checks(stale, budget=left - step, wait=step)
+                stale = []
+            except RunnerBusy:
+                stale = stale_now()
         results: list[Result] = []
         for name in names:
             entry = self._latest.get(name)
-            if entry is None or (busy and name in stale):
+            if entry is None or name in stale:
                 results.append(
                     Result(
                         name,
@@ -384,7 +411,7 @@ class HealthDaemon:
             "node": self.node,
             "tier": Tier.LAUNCH.value,
             "status": worst([r.status for r in results]).value,
-            "ran": stale,
+            "ran": [n for n in ran if n not in stale],
             "seconds": round(time.monotonic() - start, 4),
             "results": [result_json(r) for r in results],
         }
@@ -409,9 +436,9 @@ class HealthDaemon:
     def gate(self, job_id: str, verdict: Mapping[str, Any]) -> dict[str, Any]:
         """The prolog's decision on a launch verdict, with the `[hooks]` policy, recorded
         for the job (an event of kind "gate")."""
-        from medic_core.decide import decide_launch as decide
         from medic_core.settings import HookSettings
         from medic_core.vocabulary import Verdict
+        from remediation.decide import decide_launch as decide
 
         seen = Verdict.from_reply(dict(verdict), "healthd", float(verdict.get("seconds", 0.0)))
         decision = decide(seen, HookSettings.from_config(self.config))
@@ -530,11 +557,19 @@ class HealthDaemon:
             )
         if op == "metrics":  # the Prometheus exposition, for nodes without the HTTP port
             return {"node": self.node, "text": self.metrics.exposition()}
-        if op == "launch":
-            budget = float(request.get("budget", self.settings.launch_budget))
-            verdict = self.launch_verdict(min(budget, self.settings.launch_budget))
+        if op == "launch":  # "budget": what is left of the prolog's one deadline
+            from medic_core.settings import HookSettings
+
+            configured = HookSettings.from_config(self.config).launch_budget
+            try:
+                budget = min(float(request.get("budget", configured)), configured)
+            except (TypeError, ValueError):
+                return {"error": f"launch: budget {request.get('budget')!r} is not a number"}
+            verdict = self.launch_verdict(
+                max(0.0, budget), fresh_only=bool(request.get("fresh_only"))
+            )
             job_id = request.get("job_id")
-            if job_id is not None:
+            if job_id is not None and "status" in verdict:  # a verdict, not "stale: ask again"
                 verdict.update(self.gate(str(job_id), verdict))
             return verdict
         if op == "job_end":  # the epilog: answered at once, judged in the background
@@ -672,52 +707,51 @@ def attach_ladder(daemon: HealthDaemon) -> None:
 
 
 def fault_responder(daemon: HealthDaemon) -> Callable[[list[Result]], None]:
-    """Slurm's side of a fresh CRITICAL fault: drain this node (Medic's reason) and requeue
-    its resilient jobs (slurm_hooks.actions.respond_to_fault); each outcome is an event."""
+    """Slurm's side of a fresh fault: the ladder gathers the facts, the decision core
+    (remediation.decide) decides drain, requeues and episode, and slurm_hooks.actions
+    carries it out; each outcome is an event."""
     from medic_core.settings import HookSettings
-    from medic_core.slurm import JobInfo
-    from medic_core.vocabulary import Finding
-    from slurm_hooks.actions import respond_to_fault, slurm_client, start_releaser
+    from slurm_hooks.actions import carry_out, job_facts, slurm_client, start_releaser
 
     def respond(faults: list[Result]) -> None:
         settings = HookSettings.from_config(daemon.config)
-        findings = [Finding.from_json(result_json(r)) for r in faults]
+        findings = [finding_of(r) for r in faults]
         client = slurm_client(daemon.config, settings)
         now = dt.datetime.now(dt.UTC)
-        first = findings[0]
+        if daemon.ladder is None:
+            return
         with daemon.ladder_lock:
-            admission = daemon.ladder.admit(findings) if daemon.ladder else None
-            if admission is not None and not admission.drain:
-                daemon.store.add_event(
-                    node=daemon.node,
-                    at=now,
-                    kind="job_action",
-                    severity=Severity.CRITICAL,
-                    source="healthd",
-                    message=f"{first.fault_class}: not drained: {admission.why}",
-                    fault_class=first.fault_class,
-                    target=first.target,
-                )
-                return
+            try:
+                jobs = job_facts(client, daemon.node)
+            except SlurmError as exc:
+                log.warning("cannot read the jobs on %s: %s", daemon.node, exc)
+                jobs = []
+            admission = daemon.ladder.admit(
+                findings, jobs, requeue_resilient=settings.requeue_resilient
+            )
+            decision = admission.decision
+            assert decision is not None
 
-            def make_eligible(job: JobInfo) -> None:
-                start_releaser(daemon.config, job.job_id, job.restart_count)
+            def make_eligible(job_id: str, restarts: int) -> None:
+                start_releaser(daemon.config, job_id, restarts)
 
             after = make_eligible if settings.release_held else None
-            drained, actions = respond_to_fault(client, daemon.node, findings, settings, after)
-            if daemon.ladder is not None and admission is not None and drained is not None:
+            drained, actions = carry_out(client, daemon.node, decision, after)
+            if drained is not None:
                 daemon.ladder.drained(admission, drained.value)
         daemon.wake_ladder.set()
+        first = primary(findings)
+        outcome = drained.value if drained else f"not drained: {decision.why}"
         daemon.store.add_event(
             node=daemon.node,
             at=now,
             kind="job_action",
-            severity=Severity.CRITICAL,
+            severity=Severity.CRITICAL if first.status is Status.CRITICAL else Severity.WARN,
             source="healthd",
-            message=f"{first.fault_class}: drain {drained.value if drained else 'skipped'}",
+            message=f"{first.fault_class}: {outcome}",
             fault_class=first.fault_class,
             target=first.target,
-            evidence={"drain": drained.value if drained else None},
+            evidence={"drain": drained.value if drained else None, "why": decision.why},
         )
         for action in actions:
             log.warning("job %s: %s: %s", action.job_id, action.action, action.detail)

@@ -31,7 +31,10 @@ class DaemonSettings:
         0.1, minimum=0, maximum=0.5, doc="each interval is stretched or shrunk by up to this share"
     )
     launch_budget: float = setting(
-        10.0, minimum=0.5, maximum=120, doc="seconds a launch verdict may take in all"
+        DEFAULT_LAUNCH_BUDGET,
+        minimum=0.5,
+        maximum=300,
+        doc="deprecated alias of [hooks] launch_budget (read only when that is not set)",
     )
     launch_max_age: float = setting(
         60.0, minimum=0, maximum=3600, doc="launch-tier results younger than this are reused"
@@ -55,7 +58,9 @@ class DaemonSettings:
 
     @classmethod
     def from_config(cls, config: MedicConfig) -> DaemonSettings:
-        return parse_table(cls, config.table("healthd"), prefix="healthd", source=config.source)
+        table = dict(config.table("healthd"))
+        table["launch_budget"] = launch_budget_value(config)  # the one key, [hooks]
+        return parse_table(cls, table, prefix="healthd", source=config.source)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +71,10 @@ class HookSettings:
         doc="launch verdict UNKNOWN (a check could not tell): open runs the job, closed drains",
     )
     launch_budget: float = setting(
-        10.0, minimum=0.5, maximum=300, doc="seconds the prolog may spend on a verdict"
+        DEFAULT_LAUNCH_BUDGET,
+        minimum=0.5,
+        maximum=300,
+        doc="seconds from the prolog's start to its verdict, end to end (front, daemon, inline)",
     )
     release_held: bool = setting(
         True,
@@ -92,7 +100,32 @@ class HookSettings:
 
     @classmethod
     def from_config(cls, config: MedicConfig) -> HookSettings:
-        return parse_table(cls, config.table("hooks"), prefix="hooks", source=config.source)
+        table = dict(config.table("hooks"))
+        table["launch_budget"] = launch_budget_value(config)
+        return parse_table(cls, table, prefix="hooks", source=config.source)
+
+
+def launch_budget_value(config: MedicConfig) -> Any:
+    """The launch budget as written: `[hooks] launch_budget`, else the deprecated
+    `[healthd] launch_budget` (see `deprecations`), else the default. Validated by the
+    table that reads it."""
+    for table in ("hooks", "healthd"):
+        value = config.table(table).get("launch_budget")
+        if value is not None:
+            return value
+    return DEFAULT_LAUNCH_BUDGET
+
+
+def deprecations(config: MedicConfig) -> list[str]:
+    """Keys that still work but should be changed: one line each, for `medic config check`."""
+    found = []
+    if "launch_budget" in config.table("healthd"):
+        ignored = " (ignored: [hooks] launch_budget is set)"
+        found.append(
+            "[healthd] launch_budget is deprecated: move it to [hooks] launch_budget, the one"
+            " launch budget" + (ignored if "launch_budget" in config.table("hooks") else "")
+        )
+    return found
 
 
 RUNG_NAMES = ("gpu_reset", "driver_reload", "reboot", "rma")
@@ -115,6 +148,9 @@ class RemediationSettings:
     lemon_failed_requalifications: int = setting(2, minimum=1, doc="...or this many failed")
     action_timeout: float = setting(300.0, minimum=1, doc="seconds one repair command may take")
     reboot_timeout: float = setting(1800.0, minimum=60, doc="seconds a reboot may take")
+    recheck_window: float = setting(
+        600.0, minimum=0, doc="seconds a link fault is re-checked before a human is asked"
+    )
     idle_timeout: float = setting(
         3600.0, minimum=0, doc="seconds to wait for running jobs to leave before acting"
     )

@@ -7,11 +7,15 @@ stores) and a resilient job's restart budget.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
+from medic_core.drain_reason import format_reason
 from medic_core.settings import HookSettings
 from medic_core.status import Status
-from medic_core.vocabulary import Finding, Verdict
+from medic_core.vocabulary import Finding, Recommendation, Verdict
+from remediation.policy import Rung, first_rung
 
 
 @dataclass(frozen=True)
@@ -37,3 +41,286 @@ def decide_launch(verdict: Verdict, settings: HookSettings) -> GateDecision:
             False, Status.UNKNOWN, unknown, "a launch check could not tell (on_unknown=closed)"
         )
     return GateDecision(True, verdict.status, (), "")
+
+
+# --- a fault on a node: drain, requeue, episode, pause ----------------------------------------
+
+# Job states in which a job still runs on the node (COMPLETING: already on its way out).
+RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING"})
+LEDGER_TAG = "medic-ledger:"
+LEDGER_KEYS_KEPT = 8
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """A resilient job's restarts that Medic charged, kept in the job's AdminComment (only
+    admins and Slurm can write it, it travels with the job across nodes and requeues):
+    `medic-ledger:restarts=N;charged=KEY,KEY`. Slurm's own restart count also counts a
+    prolog refusal (the job never ran a step), so the budget is counted here instead."""
+
+    restarts: int = 0
+    charged: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, admin_comment: str) -> Ledger:
+        at = admin_comment.rfind(LEDGER_TAG)
+        words = admin_comment[at + len(LEDGER_TAG) :].split() if at >= 0 else []
+        if not words:
+            return cls()
+        fields = dict(p.split("=", 1) for p in words[0].split(";") if "=" in p)
+        count = fields.get("restarts", "0")
+        restarts = int(count) if count.isascii() and count.isdigit() else 0
+        charged = tuple(k for k in fields.get("charged", "").split(",") if k)
+        return cls(min(restarts, 10_000), charged[-LEDGER_KEYS_KEPT:])
+
+    def charge(self, key: str) -> Ledger:
+        if key in self.charged:
+            return self
+        return Ledger(self.restarts + 1, (*self.charged, key)[-LEDGER_KEYS_KEPT:])
+
+    def text(self) -> str:
+        return f"{LEDGER_TAG}restarts={self.restarts};charged={','.join(self.charged)}"
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    job_id: str
+    state: str
+    budget: int | None  # N of `medic:resilient=N`; None: not resilient
+    requeue: bool  # Slurm will requeue it (Requeue=1)
+    pinned: bool  # `-w` names this node: requeued, it would wait for it for ever
+    ledger: Ledger = Ledger()
+    slurm_restarts: int = 0  # Slurm's own count (prolog refusals too): for the releaser
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What Slurm stores about the node (the one truth every node can read)."""
+
+    known: bool = True
+    drained: bool = False
+    down: bool = False
+    reason: str = ""
+
+    @property
+    def owner(self) -> str:
+        """Whose the node's out-of-service reason is: "medic", "other" or "" (in service,
+        or out of service without a word of why)."""
+        if not (self.drained or self.down) or not self.reason:
+            return ""
+        return "medic" if self.reason.startswith("medic: ") else "other"
+
+
+@dataclass(frozen=True)
+class Rails:
+    """The fleet's rails, each a reason when it holds, "" when it does not."""
+
+    paused: str = ""  # repairs paused by a human (drains and requeues go on)
+    cap: str = ""  # the drain cap is reached in one of the node's partitions
+    signature: str = ""  # the same fault on many nodes at once: pause repairs
+
+
+@dataclass(frozen=True)
+class FaultFacts:
+    node: str
+    slurm: NodeFacts
+    jobs: tuple[JobFacts, ...] = ()
+    rails: Rails = Rails()
+    open_episode: int | None = None  # the node's open episode, joined by any new fault
+    handed_over: int | None = None  # the same fault's episode just closed (human, RMA)
+    lemon: str = ""  # why the node is a lemon, "" if not
+    enabled: bool = True  # [remediation] enabled
+    requeue_resilient: bool = True  # [hooks] requeue_resilient
+
+
+class EpisodeMove(StrEnum):
+    NONE = "none"  # no episode (restart_app, report only)
+    JOIN = "join"
+    OPEN = "open"
+
+
+@dataclass(frozen=True)
+class JobDecision:
+    job_id: str
+    action: str  # requeue, not_resilient, budget_spent, pinned, cap, left
+    note: str  # for the job's AdminComment and the event
+    ledger: Ledger | None = None  # the job's ledger after a requeue charged it
+    slurm_restarts: int = 0
+
+
+@dataclass(frozen=True)
+class FaultDecision:
+    drain: bool
+    reason: str  # Medic's drain reason for the fault
+    why: str
+    episode: EpisodeMove
+    episode_id: int | None = None  # joined
+    state: str = ""  # of the episode opened
+    rung: Rung | None = None
+    pause: str = ""  # set the fleet-wide pause with this reason
+    jobs: tuple[JobDecision, ...] = ()
+
+    @property
+    def requeued(self) -> tuple[str, ...]:
+        return tuple(j.job_id for j in self.jobs if j.action == "requeue")
+
+
+# Episode states (the same words as remediation.episodes; kept here so this stays pure).
+WAITING_IDLE = "waiting_idle"
+VERIFYING = "verifying"
+PAUSED = "paused"
+NEEDS_HUMAN = "needs_human"
+WAITING_CAP = "waiting_cap"
+
+
+def primary(findings: Sequence[Finding]) -> Finding:
+    """The finding a response is about: the most severe, then the strongest remedy."""
+    return max(findings, key=lambda f: (f.status.severity, RECOMMENDATION_WEIGHT[f.recommendation]))
+
+
+RECOMMENDATION_WEIGHT = {r: i for i, r in enumerate(Recommendation)}
+
+
+def fault_key(node: str, episode_id: int | None, finding: Finding) -> str:
+    """One fault, however many findings report it: the episode when there is one."""
+    if episode_id is not None:
+        return f"{node}#{episode_id}"
+    return f"{node}:{finding.fault_class}:{finding.target}"
+
+
+def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecision:
+    """A fresh fault on `facts.node`: whether to drain it, which jobs to requeue, what the
+    ladder's episode becomes. The same answer whichever path saw the fault."""
+    first = primary(findings)
+    rec = first.recommendation
+    reason = format_reason(first.fault_class or first.check, first.target, first.message)
+    if rec is Recommendation.RESTART_APP and first.status is not Status.CRITICAL:
+        # The application must restart; the node is fine: requeue, no drain, no episode.
+        restarts = _jobs(facts, first, reason, episode_id=None, keep_running=False)
+        return FaultDecision(
+            False, reason, "restart the application", EpisodeMove.NONE, jobs=restarts
+        )
+    if rec is Recommendation.NONE and first.status is not Status.CRITICAL:
+        return FaultDecision(False, reason, "report only", EpisodeMove.NONE)
+    # Drain: never over another's reason, never past the cap (a node already Medic's
+    # stays Medic's: re-asserting it costs no cap).
+    owner = facts.slurm.owner
+    capped = bool(facts.rails.cap) and owner != "medic"
+    drain = facts.slurm.known and owner == "" and not capped
+    when_idle = rec is Recommendation.GPU_RESET_WHEN_IDLE
+    # Requeue only off a node that will not run it again: drained now, or already out.
+    out = drain or owner != ""
+    if facts.open_episode is not None:
+        episode, episode_id, state, rung = EpisodeMove.JOIN, facts.open_episode, "", None
+        why = f"joins episode {facts.open_episode}"
+    elif facts.handed_over is not None:
+        episode, episode_id, state, rung = EpisodeMove.JOIN, facts.handed_over, "", None
+        why = f"joins episode {facts.handed_over} (handed over)"
+    else:
+        episode, episode_id = EpisodeMove.OPEN, None
+        rung = first_rung(first.fault_class, rec.value)
+        state, why = WAITING_IDLE, f"starts at {rung.word}" if rung else ""
+        if not facts.enabled:
+            state, why = NEEDS_HUMAN, "remediation disabled in [remediation] enabled"
+        elif rec is Recommendation.RECHECK:  # a link that may come back: re-check it
+            state, why = VERIFYING, "re-checked until it recovers, then a human"
+        elif rung is None:
+            state, why = NEEDS_HUMAN, f"no ladder rung for {rec.value!r}: a human looks"
+        elif facts.lemon:
+            rung, why = Rung.RMA, f"lemon node: {facts.lemon}"
+        if owner == "other":
+            state, why = NEEDS_HUMAN, f"drained by someone else ({facts.slurm.reason}): theirs"
+        elif capped:
+            state, why = WAITING_CAP, facts.rails.cap
+        elif state in (WAITING_IDLE, VERIFYING) and (facts.rails.paused or facts.rails.signature):
+            state, why = PAUSED, facts.rails.signature or facts.rails.paused
+    jobs: tuple[JobDecision, ...] = ()
+    if not when_idle:
+        jobs = _jobs(facts, first, reason, episode_id, keep_running=not out)
+    return FaultDecision(
+        drain=drain,
+        reason=reason,
+        why=why,
+        episode=episode,
+        episode_id=episode_id,
+        state=state,
+        rung=rung,
+        pause=facts.rails.signature if episode is EpisodeMove.OPEN else "",
+        jobs=jobs,
+    )
+
+
+def _jobs(
+    facts: FaultFacts, first: Finding, reason: str, episode_id: int | None, keep_running: bool
+) -> tuple[JobDecision, ...]:
+    node = facts.node
+    what = reason.removeprefix("medic: ")
+    key = fault_key(node, episode_id, first)
+    out = []
+    for job in facts.jobs:
+        if job.state not in RUNNING_STATES:
+            continue
+        if job.budget is None or not job.requeue:
+            note = f"medic: {node} {what}; not resilient, not requeued"
+            out.append(JobDecision(job.job_id, "not_resilient", note))
+        elif keep_running:
+            why = facts.rails.cap or "the node stays in service"
+            note = f"medic: {node} {what}; not requeued: {why}"
+            out.append(JobDecision(job.job_id, "cap", note))
+        elif not facts.requeue_resilient:
+            note = f"medic: {node} {what}; requeue_resilient is off"
+            out.append(JobDecision(job.job_id, "left", note))
+        elif job.pinned:
+            note = (
+                f"medic: {node} {what}; not requeued: the job asks for {node} (-w), which"
+                " Medic took out of service; resubmit without it"
+            )
+            out.append(JobDecision(job.job_id, "pinned", note))
+        elif key not in job.ledger.charged and job.ledger.restarts >= job.budget:
+            note = (
+                f"medic: restart budget spent ({job.ledger.restarts}/{job.budget});"
+                f" {node} fault left to the job"
+            )
+            out.append(JobDecision(job.job_id, "budget_spent", note))
+        else:
+            ledger = job.ledger.charge(key)
+            note = (
+                f"medic: requeued off {node} ({first.fault_class});"
+                f" restart {ledger.restarts}/{job.budget}"
+            )
+            out.append(JobDecision(job.job_id, "requeue", note, ledger, job.slurm_restarts))
+    return tuple(out)
+
+
+# --- giving a node back ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResumeDecision:
+    resume: bool
+    why: str
+
+
+def decide_resume(
+    slurm: NodeFacts,
+    *,
+    blocking: Sequence[Finding] = (),
+    open_episode: int | None = None,
+    rma_open: Sequence[int] = (),
+    resolving: int | None = None,
+) -> ResumeDecision:
+    """May Medic return this node to service? Only a drain Medic set (as Slurm stores it),
+    with no open RMA ticket, no episode other than the one being resolved, and nothing
+    CRITICAL or UNKNOWN in a fresh check run."""
+    if slurm.owner == "":
+        return ResumeDecision(False, "not drained")
+    if slurm.owner != "medic":
+        return ResumeDecision(False, f"not Medic's drain ({slurm.reason}): left alone")
+    if rma_open:
+        return ResumeDecision(False, f"RMA ticket {rma_open[0]} is open")
+    if open_episode is not None and open_episode != resolving:
+        return ResumeDecision(False, f"remediation episode {open_episode} owns it")
+    if blocking:
+        f = blocking[0]
+        return ResumeDecision(False, f"still {f.status.value}: {f.check} {f.message}")
+    return ResumeDecision(True, "re-qualified")

@@ -27,13 +27,29 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from medic_core import proc
-from medic_core.drain_reason import format_reason, is_medic_reason
+from medic_core.drain_reason import (
+    DrainOutcome,
+    drain_if_allowed,
+    format_reason,
+    is_medic_reason,
+    parse_reason,
+)
 from medic_core.settings import RemediationSettings
 from medic_core.slurm import SlurmClient, SlurmError
 from medic_core.status import Status
 from medic_core.vocabulary import Finding
 from remediation import episodes as ep
-from remediation.policy import LemonScore, Rung, after_failure, drain_cap, first_rung
+from remediation.decide import (
+    EpisodeMove,
+    FaultDecision,
+    FaultFacts,
+    JobFacts,
+    NodeFacts,
+    Rails,
+    decide_fault,
+    primary,
+)
+from remediation.policy import LemonScore, Rung, after_failure, drain_cap
 
 log = logging.getLogger("medic.remediation")
 
@@ -65,9 +81,10 @@ class LadderHost(Protocol):
 
 @dataclass(frozen=True)
 class Admission:
-    drain: bool  # go ahead and drain (and requeue)
+    drain: bool  # go ahead and drain
     episode: ep.Episode | None
     why: str
+    decision: FaultDecision | None = None
 
 
 class Ladder:
@@ -88,63 +105,99 @@ class Ladder:
 
     # ---- admission: before Medic drains anything --------------------------------------
 
-    def admit(self, findings: Sequence[Finding]) -> Admission:
-        """A fresh CRITICAL fault on this node: open (or join) its episode and say whether
-        draining is allowed (kill switch, blast radius, fleet-wide signature)."""
+    def admit(
+        self,
+        findings: Sequence[Finding],
+        jobs: Sequence[JobFacts] = (),
+        *,
+        requeue_resilient: bool = True,
+    ) -> Admission:
+        """A fresh fault on this node: gather the facts, let the decision core decide
+        (drain, requeue, episode, pause) and record the episode it opens or joins. Runs
+        under the store's admission lock, so two nodes never both take the cap's last slot."""
         with self.store.locked():
-            return self._admit(findings)
+            facts = self.fault_facts(findings, jobs, requeue_resilient=requeue_resilient)
+            decision = decide_fault(findings, facts)
+            episode = self._record(decision, findings)
+            log.warning(
+                "%s: %s: drain=%s %s",
+                self.node,
+                primary(findings).fault_class,
+                decision.drain,
+                decision.why,
+            )
+            return Admission(decision.drain, episode, decision.why, decision)
 
-    def _admit(self, findings: Sequence[Finding]) -> Admission:
-        first = findings[0]
+    def fault_facts(
+        self,
+        findings: Sequence[Finding],
+        jobs: Sequence[JobFacts] = (),
+        *,
+        requeue_resilient: bool = True,
+    ) -> FaultFacts:
+        first = primary(findings)
         current = self.store.open_for(self.node)
-        if current is not None:
-            return Admission(True, current, f"joins episode {current.id}")
-        handed = self._just_handed_over(first)
-        if handed is not None:
-            # Whatever the first report decided (a drain, or none past the cap) stands.
-            return Admission(False, handed, f"joins episode {handed.id} ({handed.state})")
-        recommendation = _recommendation(first)
-        rung = first_rung(first.fault_class, recommendation, self.settings.first_rung)
+        handed = None if current is not None else self._just_handed_over(first)
+        try:
+            info = self.slurm.node(self.node)
+        except SlurmError as exc:
+            log.warning("%s: cannot read Slurm: %s", self.node, exc)
+            info = None
+        slurm = (
+            NodeFacts(True, info.drained, info.down, info.reason)
+            if info is not None
+            else NodeFacts(known=False)
+        )
         control = self.store.control()
-        state, why = ep.WAITING_IDLE, ""
-        if not self.settings.enabled:
-            state, why = ep.NEEDS_HUMAN, "remediation disabled in [remediation] enabled"
-        elif rung is None:
-            state, why = ep.NEEDS_HUMAN, f"no ladder rung for {recommendation!r}: a human looks"
-        elif control.paused:
-            state, why = ep.PAUSED, f"remediation paused by {control.actor}: {control.reason}"
-        signature = self._fleet_signature(first.fault_class)
-        if signature:
-            self.store.set_paused(True, signature, "medic")
+        lemon = self.lemon_score()
+        return FaultFacts(
+            node=self.node,
+            slurm=slurm,
+            jobs=tuple(jobs),
+            rails=Rails(
+                paused=f"remediation paused by {control.actor}: {control.reason}"
+                if control.paused
+                else "",
+                cap=self._over_cap(),
+                signature=""
+                if current is not None or handed is not None
+                else self._fleet_signature(first.fault_class),
+            ),
+            open_episode=current.id if current is not None else None,
+            handed_over=handed.id if handed is not None else None,
+            lemon=lemon.describe() if lemon.is_lemon else "",
+            enabled=self.settings.enabled,
+            requeue_resilient=requeue_resilient,
+        )
+
+    def _record(self, decision: FaultDecision, findings: Sequence[Finding]) -> ep.Episode | None:
+        if decision.episode is EpisodeMove.JOIN and decision.episode_id is not None:
+            return self.store.get(decision.episode_id)
+        if decision.episode is not EpisodeMove.OPEN:
+            return None
+        first = primary(findings)
+        if decision.pause and not self.store.control().paused:
+            self.store.set_paused(True, decision.pause, "medic")
             self.host.event(
-                f"AUTOMATION PAUSED: {signature}",
+                f"AUTOMATION PAUSED: {decision.pause}",
                 severity="CRITICAL",
                 fault_class="remediation.paused",
                 target="",
             )
-            log.critical("remediation paused: %s", signature)
-            state, why = ep.PAUSED, signature
-        cap_reason = self._over_cap()
-        if cap_reason and state != ep.PAUSED:
-            state, why = ep.NEEDS_HUMAN, cap_reason
-        lemon = self.lemon_score()
-        if lemon.is_lemon and rung is not None:
-            rung, why = Rung.RMA, f"lemon node: {lemon.describe()}"
+            log.critical("remediation paused: %s", decision.pause)
         episode = self.store.open_episode(
             self.node,
-            state=state,
+            state=decision.state,
             fault_class=first.fault_class,
             target=first.target,
             check=first.check,
-            recommendation=recommendation,
-            rung=int(rung or 0),
-            message=first.message + (f" ({why})" if why else ""),
-            evidence={"findings": [f.__dict__ | {"status": f.status.value} for f in findings]},
+            recommendation=first.recommendation.value,
+            rung=int(decision.rung or 0),
+            message=first.message + (f" ({decision.why})" if decision.why else ""),
+            evidence={"findings": [f.as_json() for f in findings]},
         )
-        drain = state in (ep.WAITING_IDLE, ep.NEEDS_HUMAN) and not cap_reason
-        drain = drain and state != ep.PAUSED and not signature
-        log.warning("episode %d on %s: %s %s", episode.id, self.node, state, why)
-        return Admission(drain, episode, why or f"starts at {Rung(rung).word if rung else '-'}")
+        log.warning("episode %d on %s: %s %s", episode.id, self.node, episode.state, decision.why)
+        return episode
 
     def _just_handed_over(self, finding: Finding) -> ep.Episode | None:
         """The same fault reported twice (a sweep and the node's daemon both saw the deep
@@ -204,9 +257,25 @@ class Ladder:
         return ""
 
     def _fleet_signature(self, fault_class: str) -> str:
+        """The same fault class on fleet_signature_nodes nodes within the window, counted
+        from Medic's drains that Slurm shows (every node can read them, whatever the store)
+        and the store's episodes; never from before the last resume of the pause, so a
+        human's resume is not undone by the faults that caused the pause."""
         since = self.store.now() - dt.timedelta(seconds=self.settings.fleet_signature_window)
+        control = self.store.control()
+        if not control.paused and control.since is not None and control.since > since:
+            since = control.since
         recent = self.store.find(since=since)
         nodes = {e.node for e in recent if e.fault_class == fault_class} | {self.node}
+        try:
+            slurm_nodes = self.slurm.nodes()
+        except SlurmError:
+            slurm_nodes = []
+        for n in slurm_nodes:
+            theirs = parse_reason(n.reason) if (n.drained or n.down) else None
+            at = dt.datetime.fromtimestamp(n.reason_time, dt.UTC) if n.reason_time else None
+            if theirs is not None and theirs.fault_class == fault_class and at and at >= since:
+                nodes.add(n.name)
         if len(nodes) >= self.settings.fleet_signature_nodes:
             return (
                 f"{fault_class} on {len(nodes)} nodes within"
@@ -218,7 +287,13 @@ class Ladder:
 
     def lemon_score(self) -> LemonScore:
         since = self.store.now() - dt.timedelta(days=self.settings.lemon_days)
-        recent = self.store.find(node=self.node, since=since)
+        # An episode a human closed as no fault, or one the cap kept waiting, is not the
+        # node's history of failing.
+        recent = [
+            e
+            for e in self.store.find(node=self.node, since=since)
+            if e.state not in ("closed", ep.WAITING_CAP)
+        ]
         return LemonScore(
             episodes_recent=len(recent) + 1,
             failed_requalifications=sum(e.failed_requalifications for e in recent),
@@ -233,9 +308,20 @@ class Ladder:
         in particular right after a restart."""
         episode = self.store.open_for(self.node)
         if episode is None:
+            self._keep_rma_out()
             return self._requalify_after_rma()
-        if self.store.control().paused or episode.state == ep.PAUSED:
+        if episode.state == ep.WAITING_CAP:
+            return self._await_cap(episode)
+        if self.store.control().paused:
             return episode
+        if episode.state == ep.PAUSED:  # the pause was lifted: carry on where it stopped
+            episode = self.store.update(episode.id, state=ep.WAITING_IDLE)
+            self.host.event(
+                f"episode {episode.id}: repairs resumed",
+                severity="INFO",
+                fault_class=episode.fault_class,
+                target=episode.target,
+            )
         if episode.state == ep.WAITING_IDLE:
             if self.host.jobs_running() or self._cooling_down(episode):
                 return episode
@@ -247,6 +333,56 @@ class Ladder:
         if episode.state == ep.VERIFYING:
             return self._verify(episode)
         return episode
+
+    def _await_cap(self, episode: ep.Episode) -> ep.Episode:
+        """A fault the drain cap kept in service: drain it once the cap frees (the episode
+        then goes on as any other), under the admission lock like a fresh fault."""
+        with self.store.locked():
+            if self._over_cap():
+                return episode
+            reason = format_reason(episode.fault_class, episode.target, "drain cap freed")
+            try:
+                outcome = drain_if_allowed(self.slurm, self.node, reason)
+            except SlurmError as exc:
+                log.warning("%s: drain after the cap freed failed: %s", self.node, exc)
+                return episode
+            paused = self.store.control().paused
+            state = ep.PAUSED if paused else ep.WAITING_IDLE
+            if outcome is DrainOutcome.NOT_OURS_KEPT:
+                state = ep.NEEDS_HUMAN
+            episode = self.store.update(episode.id, state=state)
+        self.host.event(
+            f"episode {episode.id}: drain cap freed: {outcome.value}",
+            severity="WARN",
+            fault_class=episode.fault_class,
+            target=episode.target,
+        )
+        return episode
+
+    def _keep_rma_out(self) -> None:
+        """A node with an open RMA ticket is never schedulable: a reboot rung's DOWN, then
+        ReturnToService, or a human's resume must not put it back. Drain it again."""
+        from remediation import tickets
+
+        if not tickets.open_tickets(self.store.store, self.node):
+            return
+        try:
+            info = self.slurm.node(self.node)
+            if info is None or info.drained:
+                return
+            if info.reason and not is_medic_reason(info.reason):
+                return  # someone else's reason: theirs to keep
+            reason = info.reason or format_reason("rma.open", "", "RMA ticket open")
+            self.slurm.drain(self.node, reason)
+        except SlurmError as exc:
+            log.warning("%s: could not keep the RMA node drained: %s", self.node, exc)
+            return
+        self.host.event(
+            "RMA ticket open: node drained again",
+            severity="WARN",
+            fault_class="rma.open",
+            target="",
+        )
 
     def _cooling_down(self, episode: ep.Episode) -> bool:
         """A failed step is followed by its rung's cool-down before the next one."""
@@ -360,6 +496,17 @@ class Ladder:
         blocking = [f for f in findings if f.status in (Status.CRITICAL, Status.UNKNOWN)]
         if not blocking:
             return self._resolve(episode)
+        if episode.rung == 0:  # a re-check (a link that may come back), no repair rung
+            age = (self.store.now() - episode.opened_at).total_seconds()
+            if age < self.settings.recheck_window:
+                return episode
+            first = blocking[0]
+            return self.store.update(
+                episode.id,
+                state=ep.NEEDS_HUMAN,
+                message=f"{episode.message}; still {first.status.value} after {age:.0f}s:"
+                f" {first.message}",
+            )
         first = blocking[0]
         episode = self.store.update(
             episode.id, failed_requalifications=episode.failed_requalifications + 1
@@ -446,8 +593,6 @@ class Ladder:
             fault_class=episode.fault_class,
             target=episode.target,
         )
-        return self.store.update(episode.id, state=ep.RMA, rung=int(Rung.RMA), ticket_id=ticket)
-
-
-def _recommendation(finding: Finding) -> str:
-    return finding.recommendation or "drain"
+        episode = self.store.update(episode.id, state=ep.RMA, rung=int(Rung.RMA), ticket_id=ticket)
+        self._keep_rma_out()
+        return episode

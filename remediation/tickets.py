@@ -469,6 +469,11 @@ def audit(store: Store, ticket_id: int) -> list[AuditEntry]:
         return [_entry(row) for row in session.scalars(query)]
 
 
+def open_tickets(store: Store, node: str) -> list[int]:
+    """Ids of `node`'s tickets not closed: while there is one, the node stays out."""
+    return [t.id for t in list_tickets(store, node=node) if t.state != TicketState.CLOSED]
+
+
 def needs_requalification(store: Store, node: str) -> bool:
     """True while a closed ticket of `node` waits for the node to pass re-qualification:
     the ladder and the HealthCheckProgram must not resume the node before."""

@@ -9,18 +9,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from healthd.api import HealthdUnavailable, ask
 from medic_core import proc
 from medic_core.config import MedicConfig
-from medic_core.decide import GateDecision
 from medic_core.drain_reason import DrainOutcome, drain_if_allowed, format_reason
 from medic_core.settings import HookSettings
-from medic_core.slurm import CliSlurm, JobInfo, SlurmClient, SlurmError
+from medic_core.slurm import CliSlurm, SlurmClient, SlurmError, expand_hostlist
 from medic_core.vocabulary import Finding, Verdict
+from remediation.decide import FaultDecision, GateDecision, JobFacts, Ledger
 from slurm_hooks.resilient import parse_resilient
 
 log = logging.getLogger("medic.hooks")
@@ -145,57 +145,59 @@ def start_releaser(config: MedicConfig, job_id: str, restarts: int) -> None:
 @dataclass(frozen=True)
 class JobAction:
     job_id: str
-    action: str  # "requeued", "not_resilient", "budget_spent", "requeue_failed"
+    action: str  # requeued, requeue_failed, and the decision core's: not_resilient, ...
     detail: str
 
 
-def restarts_allowed(job: JobInfo) -> int | None:
-    """N from the job's `medic:resilient=N` tag; None: not resilient."""
-    return parse_resilient(job.comment)
+def job_facts(client: SlurmClient, node: str) -> list[JobFacts]:
+    """The jobs on `node` as the decision core needs them. One job's odd text (a comment
+    that is not a valid tag) makes that job not resilient, never stops the others."""
+    facts = []
+    for job in client.jobs_on(node):
+        try:
+            required = set(expand_hostlist(job.required_nodes)) if job.required_nodes else set()
+        except ValueError:
+            required = set()
+        facts.append(
+            JobFacts(
+                job_id=job.job_id,
+                state=job.state,
+                budget=parse_resilient(job.comment),
+                requeue=job.requeue,
+                pinned=node in required,
+                ledger=Ledger.parse(job.admin_comment),
+                slurm_restarts=job.restart_count,
+            )
+        )
+    return facts
 
 
-def respond_to_fault(
+def carry_out(
     client: SlurmClient,
     node: str,
-    findings: Sequence[Finding],
-    settings: HookSettings,
-    after_requeue: Callable[[JobInfo], None] | None = None,
+    decision: FaultDecision,
+    after_requeue: Callable[[str, int], None] | None = None,
 ) -> tuple[DrainOutcome | None, list[JobAction]]:
-    """A fresh CRITICAL fault on `node`: drain it (Medic's reason, never over another's),
-    requeue the resilient jobs running there within their restart budget, and tell the
-    owners of the others why they were left alone (admin comment)."""
-    first = findings[0]
-    reason = drain_reason_for(first)
-    drained = drain_if_allowed(client, node, reason)
+    """Do what the decision core decided: drain (Medic's reason, never over another's),
+    requeue, and tell each job's owner why in its AdminComment (with the restart ledger)."""
+    drained = drain_if_allowed(client, node, decision.reason) if decision.drain else None
     actions: list[JobAction] = []
-    if not settings.requeue_resilient or all(
-        f.recommendation == "gpu_reset_when_idle" for f in findings
-    ):  # a fault that waits for the node to be idle lets running jobs finish
-        return drained, actions
-    for job in client.jobs_on(node):
-        if job.state not in ("RUNNING", "CONFIGURING", "COMPLETING"):
+    for job in decision.jobs:
+        if job.action != "requeue":
+            _comment(client, job.job_id, job.note)
+            actions.append(JobAction(job.job_id, job.action, job.note))
             continue
-        allowed = restarts_allowed(job)
-        used = job.restart_count
-        if allowed is None or not job.requeue:
-            note = f"medic: {node} {reason.removeprefix('medic: ')}; not resilient, not requeued"
-            _comment(client, job.job_id, note)
-            actions.append(JobAction(job.job_id, "not_resilient", note))
-            continue
-        if used >= allowed:
-            note = f"medic: restart budget spent ({used}/{allowed}); {node} fault left to the job"
-            _comment(client, job.job_id, note)
-            actions.append(JobAction(job.job_id, "budget_spent", note))
-            continue
+        # The ledger first: a crash after the requeue must not let the restart go uncounted.
+        ledger = job.ledger.text() if job.ledger is not None else ""
+        _comment(client, job.job_id, f"{job.note} {ledger}".strip())
         try:
             client.requeue(job.job_id)
         except SlurmError as exc:
             actions.append(JobAction(job.job_id, "requeue_failed", str(exc)))
             continue
         if after_requeue is not None:
-            after_requeue(job)
-        detail = f"requeued off {node} ({first.fault_class}); restart {used + 1}/{allowed}"
-        actions.append(JobAction(job.job_id, "requeued", detail))
+            after_requeue(job.job_id, job.slurm_restarts)
+        actions.append(JobAction(job.job_id, "requeued", job.note.removeprefix("medic: ")))
     return drained, actions
 
 

@@ -152,19 +152,30 @@ def test_fault_matrix(
         assert node["reason"].startswith("medic:")
 
 
-def test_ib_port_down_escalates_to_rma(lab: Lab, store: Store, tmp_path: Path) -> None:
+def test_ib_port_down_is_rechecked_and_returns_when_the_link_does(
+    lab: Lab, store: Store, tmp_path: Path
+) -> None:
+    """A link fault is re-checked, never rebooted or sent to RMA: the node comes back by
+    itself once the port is up again (defect 10)."""
     lab.start_healthd("n3", config=fast_config(lab, tmp_path))
     poll("first round", lambda: bool(store.conditions("n3", type="ib")), timeout=20)
     port = lab.node("n3").host_root / "sys/class/infiniband/mlx5_4/ports/1/state"
-    port.write_text("1: DOWN\n")  # a cable: no reset or reboot brings it back
-    episode = wait_closed(store, "n3", timeout=120)
+    up = port.read_text()
+    port.write_text("1: DOWN\n")
+    episodes = ep.EpisodeStore(store)
+    poll("an episode", lambda: bool(episodes.find(node="n3")), timeout=30)
+    poll("drained", lambda: "DRAIN" in node_info(lab, "n3")["state_flags"], timeout=30)
+    episode = episodes.find(node="n3")[-1]
     assert (episode.fault_class, episode.first_rung, episode.state) == (
         "ib.port.down",
-        int(Rung.REBOOT),
-        ep.RMA,
+        0,
+        ep.VERIFYING,
     )
-    actions = [s.action for s in ep.EpisodeStore(store).steps(episode.id)]
-    assert actions == ["reboot"], "one reboot for one decision, then RMA"
+    port.write_text(up)
+    episode = wait_closed(store, "n3", timeout=60)
+    assert episode.state == ep.RESOLVED, episode.message
+    assert episodes.steps(episode.id) == [], "no reboot, no reset: a re-check only"
+    assert "DRAIN" not in node_info(lab, "n3")["state_flags"]
 
 
 def test_admin_drained_node_is_untouched_by_the_ladder(lab: Lab, store: Store) -> None:
