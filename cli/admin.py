@@ -20,6 +20,7 @@ from typing import IO, Any, TypeVar
 import click
 from sqlalchemy import make_url, select
 
+from cli import node_view
 from cli.complete import complete_node
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.settings import HookSettings
@@ -382,10 +383,18 @@ def job_json(job: JobInfo, allowed: int | None, history: Sequence[Event]) -> dic
     }
 
 
-def _last_action(history: Sequence[Event]) -> str:
+def newest_action(history: Sequence[Event]) -> Event | None:
+    """The newest of a job's events by time; at the same time, an action (a requeue) wins
+    over a gate decision, then the later record."""
     if not history:
+        return None
+    return max(history, key=lambda e: (e.at, e.kind == "job_action", e.id or 0))
+
+
+def _last_action(history: Sequence[Event]) -> str:
+    last = newest_action(history)
+    if last is None:
         return "-"
-    last = history[-1]
     what = last.evidence.get("action") if last.kind == "job_action" else None
     if last.kind == "gate":
         what = "gate allowed" if last.evidence.get("allow") else "gate refused"
@@ -467,45 +476,68 @@ def _control_line(control: ep.Control, now: dt.datetime) -> str:
     )
 
 
+# The words `medic remediation status` lists: the ladder has, or had, the node.
+LADDER_WORDS = (
+    node_view.REPAIRING, node_view.PAUSED, node_view.WAITING_CAP, node_view.NEEDS_HUMAN,
+    node_view.RMA,
+)  # fmt: skip
+
+
 @remediation.command("status")
+@click.option("--no-slurm", "store_only", is_flag=True, help="Do not ask Slurm; the store only.")
 @json_option
 @store_option
 @config_option
-def remediation_status(as_json: bool, store_url: str | None, config_path: Path | None) -> None:
-    """The pause switch and every open episode (node, state, rung, fault)."""
+def remediation_status(
+    store_only: bool, as_json: bool, store_url: str | None, config_path: Path | None
+) -> None:
+    """The pause switch and every node the ladder is repairing, or that waits for a human or
+    an RMA, with the same word `medic nodes` gives it."""
     now = now_utc()
     config = load(config_path)
+    slurm_nodes = None
+    if not store_only:
+        try:
+            slurm_nodes = slurm_client(config).nodes()
+        except SlurmError as exc:
+            warn("Slurm did not answer: the store's view only", str(exc),
+                 "check slurmctld (sinfo) and [slurm] conf, or pass --no-slurm")  # fmt: skip
     with opened_store(config, store_url) as store:
-        episodes = ep.EpisodeStore(store)
-        control = episodes.control()
-        held = episodes.find(states=(*ep.OPEN_STATES, ep.NEEDS_HUMAN, ep.RMA))
-    latest: dict[str, ep.Episode] = {}
-    for e in held:
-        latest[e.node] = e  # by id: the newest wins
+        control = ep.EpisodeStore(store).control()
+        facts = node_view.gather(store)
+    states = node_view.states_of(slurm_nodes, facts, now)
     shown = sorted(
-        (e for e in latest.values() if e.open or e.state in (ep.NEEDS_HUMAN, ep.RMA)),
-        key=lambda e: e.opened_at,
+        ((name, s) for name, s in states.items() if s.word in LADDER_WORDS),
+        key=lambda pair: (pair[1].episode.opened_at if pair[1].episode else now, pair[0]),
     )
     if as_json:
         echo_json(
             {
                 **_control_json(control),
-                "episodes": [episode_json(e) for e in shown],
+                "episodes": [
+                    {**episode_json(s.episode), "medic": s.word, "why": s.why}
+                    for _, s in shown
+                    if s.episode is not None
+                ],
+                "nodes": [{"node": name, **s.to_json()} for name, s in shown],
             }
         )
         return
     click.echo(_control_line(control, now))
     if not shown:
-        click.echo("no open episodes")
+        click.echo("no node being repaired, waiting for a human or in RMA")
         return
-    open_count = sum(1 for e in shown if e.open)
-    click.echo(f"{open_count} open episodes, {len(shown) - open_count} waiting for a human or RMA")
+    click.echo(node_view.summary_counts(s for _, s in shown))
     echo_table(
-        ("EPISODE", "NODE", "STATE", "RUNG", "FAULT", "TARGET", "OPENED", "UPDATED"),
+        ("NODE", "MEDIC", "EPISODE", "STATE", "RUNG", "FAULT", "TARGET", "OPENED", "UPDATED",
+         "WHY"),
         (
-            [str(e.id), e.node, e.state, rung_name(e.rung), e.fault_class, e.target or "-",
-             when(e.opened_at), f"{age(e.updated_at, now)} ago"]
-            for e in shown
+            [name, s.word] + (
+                [str(e.id), e.state, rung_name(e.rung), e.fault_class, e.target or "-",
+                 when(e.opened_at), f"{age(e.updated_at, now)} ago"]
+                if (e := s.episode) is not None else ["-"] * 7
+            ) + [clip(s.why, 90)]
+            for name, s in shown
         ),
     )  # fmt: skip
 

@@ -6,15 +6,38 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
-from medic_core.store import Severity
+from healthd.checks.base import CheckContext, Tier
+from healthd.gpu_plumbing import GpuPlumbing
+from healthd.runner import RunReport
+from medic_core.store import Severity, Store
 from medic_core.vocabulary import Finding
 from remediation import episodes as ep
 
-if TYPE_CHECKING:
-    from healthd.daemon import HealthDaemon
+
+class HealthDaemon(Protocol):
+    """What the ladder's host needs of the daemon (so the daemon imports this module, and
+    not the other way round)."""
+
+    node: str
+    ctx: CheckContext
+    gpu: GpuPlumbing | None
+    store: Store
+    ladder_store: ep.EpisodeStore | None
+
+    def run_checks(
+        self,
+        names: Iterable[str] | None = None,
+        *,
+        tier: Tier | None = None,
+        budget: float | None = None,
+        wait: float | None = None,
+    ) -> RunReport: ...
+
+    def gpu_identities(self) -> list[dict[str, Any]]: ...
+
 
 log = logging.getLogger("medic.remediation")
 
@@ -54,7 +77,6 @@ class DaemonLadderHost:
             plumbing.restart()
 
     def verify(self, extra_checks: Sequence[str]) -> list[Finding]:
-        from healthd.checks.base import Tier
         from healthd.results import result_json
 
         results = []
