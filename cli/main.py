@@ -8,6 +8,7 @@ from cli.admin import config, events, jobs, remediation
 from cli.check import check
 from cli.checks import checks
 from cli.ckpt import ckpt
+from cli.episode import episode
 from cli.lab.commands import lab
 from cli.nodes import node, nodes
 from cli.rma import rma_command
@@ -23,7 +24,7 @@ def medic() -> None:
 medic.add_command(lab)
 medic.add_command(ckpt)
 medic.add_command(checks)
-for command in (nodes, node, events, jobs, remediation, config, rma_command, check):
+for command in (nodes, node, events, jobs, remediation, episode, config, rma_command, check):
     medic.add_command(command)
 medic.add_command(sbatch)
 medic.add_command(__import__("cli.sweep", fromlist=["sweep"]).sweep)

@@ -2,22 +2,21 @@
 `medic node show|drain|resume|reboot NODE`.
 
 `fleet()` is the function behind `medic nodes`: Slurm's node list joined with the store in
-three queries whatever the fleet's size (bench/cli_nodes.py times it on 10,000 nodes):
-the nodes that have conditions at all, the conditions that are not OK, and each node's
-newest remediation episode.
+four queries whatever the fleet's size (cli.node_view.gather; bench/cli_nodes.py times it
+on 10,000 nodes). Each node's word (repairing, needs_human, rma, ...) comes from
+cli.node_view.node_state, the one function `medic node show` and `medic remediation
+status` use too.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
-from sqlalchemy import func, select
 
 from cli.admin import (
     EVENT_HEADERS,
@@ -45,58 +44,32 @@ from cli.admin import (
     when,
 )
 from cli.complete import complete_node
+from cli.node_view import (
+    NO_DATA,
+    NOT_OK,
+    Fault,
+    NodeState,
+    StoreFacts,
+    gather,
+    natural_key,
+    node_state,
+    out_of_service,
+    summary_counts,
+)
 from cli.rma import LIST_HEADERS, list_rows, ticket_lines
-from medic_core.drain_reason import is_medic_reason, parse_reason
+from medic_core.drain_reason import (
+    as_slurm_stores,
+    claims_medic_prefix,
+    is_medic_reason,
+    parse_reason,
+)
 from medic_core.slurm import NodeInfo, SlurmError
-from medic_core.status import Status, worst
 from medic_core.store import Severity, Store
-from medic_core.store.models import ConditionRow
 from remediation import episodes as ep
 
-NOT_OK = (Status.WARN.value, Status.CRITICAL.value, Status.UNKNOWN.value)
-NO_DATA = "NO_DATA"  # no condition in the store: no medic-healthd has reported
-# A running medic-healthd rewrites its conditions at least every 5 minutes (REFRESH_SECONDS in
-# healthd.daemon); three missed refreshes mean the node is not being watched.
-SILENT_AFTER = dt.timedelta(minutes=15)
-# Slurm states and flags that take a node out of service.
-OUT_STATES = frozenset({"DOWN", "FAIL", "ERROR", "UNKNOWN", "FUTURE"})
-OUT_FLAGS = frozenset(
-    {"DRAIN", "FAIL", "NOT_RESPONDING", "MAINTENANCE", "REBOOT_REQUESTED", "REBOOT_ISSUED"}
-)
 SLURM_PERMISSION_FIX = (
     "Slurm decides who may: run as root or SlurmUser, or as a user with AdminLevel=Operator"
 )
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A condition that is not OK."""
-
-    type: str
-    target: str
-    status: str
-    reason: str
-    since: dt.datetime
-
-    @property
-    def label(self) -> str:
-        where = f"gpu{self.target}" if self.target.isdigit() else self.target
-        return f"{self.reason or self.type}@{where}" if where else self.reason or self.type
-
-
-@dataclass(frozen=True)
-class EpisodeBrief:
-    id: int
-    state: str
-    rung: int
-    fault_class: str
-    target: str
-    opened_at: dt.datetime
-    updated_at: dt.datetime
-
-    @property
-    def open(self) -> bool:
-        return self.state in ep.OPEN_STATES
 
 
 @dataclass
@@ -105,9 +78,23 @@ class NodeView:
     slurm: NodeInfo | None  # None: the store knows the node, Slurm does not (or not asked)
     health: str = NO_DATA
     faults: list[Fault] = field(default_factory=list)
-    episode: EpisodeBrief | None = None  # the newest, unless it was resolved
     last_report: dt.datetime | None = None  # the daemon's newest condition write
     silent: bool = False  # it has reported, but not for SILENT_AFTER
+    facts: StoreFacts = field(default_factory=StoreFacts)
+    state: NodeState = field(default_factory=lambda: NodeState("no_data", ""))
+
+    @classmethod
+    def of(cls, name: str, slurm: NodeInfo | None, facts: StoreFacts, now: dt.datetime) -> NodeView:
+        """The view of one node: its store facts, Slurm's view, and its word."""
+        return cls(
+            name, slurm, facts.health, list(facts.faults), facts.last_report,
+            facts.silent(now), facts, node_state(slurm, facts, now),
+        )  # fmt: skip
+
+    @property
+    def episode(self) -> ep.Episode | None:
+        """The episode the node's word is about (open, waiting for a human, or in RMA)."""
+        return self.state.episode
 
     @property
     def slurm_state(self) -> str:
@@ -127,8 +114,7 @@ class NodeView:
 
     @property
     def out_of_service(self) -> bool:
-        s = self.slurm
-        return s is not None and (s.state in OUT_STATES or bool(s.flags & OUT_FLAGS))
+        return out_of_service(self.slurm)
 
     @property
     def since(self) -> dt.datetime | None:
@@ -140,10 +126,9 @@ class NodeView:
 
     @property
     def attention(self) -> bool:
-        """Out of service, not healthy, unwatched (its daemon silent), or with an episode a
-        human should know about."""
-        healthy = self.health in (Status.OK.value, NO_DATA)
-        return self.out_of_service or not healthy or self.silent or self.episode is not None
+        """Anything but ok and no_data: out of service, not healthy, unwatched (its daemon
+        silent), being repaired, waiting for a human or in RMA."""
+        return self.state.attention
 
     @property
     def health_cell(self) -> str:
@@ -190,6 +175,9 @@ class NodeView:
                 "opened_at": iso(e.opened_at),
                 "updated_at": iso(e.updated_at),
             },
+            "medic": self.state.word,
+            "why": self.state.why,
+            "rma_tickets": [t.id for t in self.facts.tickets],
             "drain_reason": self.drain_reason,
             "drained_by": self.drained_by,
             "out_of_service": self.out_of_service,
@@ -198,70 +186,16 @@ class NodeView:
         }
 
 
-_SEVERITY = {s.value: s.severity for s in Status}
-
-
-def natural_key(name: str) -> tuple[Any, ...]:
-    """gpu2 before gpu10."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-
-
 def fleet(
     store: Store, slurm_nodes: Sequence[NodeInfo] | None, now: dt.datetime | None = None
 ) -> list[NodeView]:
-    """Every node Slurm or the store knows, with its health, faults, newest episode, and
-    whether its daemon has gone silent (as of `now`)."""
-    silent_before = (now or dt.datetime.now(dt.UTC)) - SILENT_AFTER
-    conditions = ConditionRow.__table__
-    episodes = ep.episodes
-    newest = (
-        select(func.max(episodes.c.id).label("id")).group_by(episodes.c.node).subquery("newest")
-    )
-    with store.engine.connect() as conn:
-        seen = conn.execute(
-            select(conditions.c.node, func.max(conditions.c.updated_at)).group_by(conditions.c.node)
-        ).all()
-        bad = conn.execute(
-            select(
-                conditions.c.node, conditions.c.type, conditions.c.target,
-                conditions.c.status, conditions.c.reason, conditions.c.since,
-            ).where(conditions.c.status.in_(NOT_OK))
-        ).all()  # fmt: skip
-        latest = conn.execute(
-            select(
-                episodes.c.id, episodes.c.node, episodes.c.state, episodes.c.rung,
-                episodes.c.fault_class, episodes.c.target, episodes.c.opened_at,
-                episodes.c.updated_at,
-            )
-            .join(newest, newest.c.id == episodes.c.id)
-            .where(episodes.c.state != ep.RESOLVED)
-        ).all()  # fmt: skip
-    views: dict[str, NodeView] = {}
-    for info in slurm_nodes or ():
-        views[info.name] = NodeView(info.name, info)
-    for name, last in seen:
-        view = views.setdefault(name, NodeView(name, None))
-        view.health = Status.OK.value
-        view.last_report = _aware(last)
-        view.silent = view.last_report < silent_before
-    for node, type_, target, status, reason, since in bad:
-        view = views.setdefault(node, NodeView(node, None))
-        view.faults.append(Fault(type_, target, status, reason, _aware(since)))
-        if _SEVERITY[status] > _SEVERITY.get(view.health, 0):
-            view.health = status
-    for row in latest:
-        view = views.setdefault(row.node, NodeView(row.node, None))
-        view.episode = EpisodeBrief(
-            int(row.id), row.state, int(row.rung), row.fault_class, row.target,
-            _aware(row.opened_at), _aware(row.updated_at),
-        )  # fmt: skip
-    for view in views.values():
-        view.faults.sort(key=lambda f: (-_SEVERITY[f.status], f.type, natural_key(f.target)))
-    return [views[name] for name in sorted(views, key=natural_key)]
-
-
-def _aware(value: dt.datetime) -> dt.datetime:
-    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    """Every node Slurm or the store knows, with its health, faults, episode, whether its
+    daemon has gone silent (as of `now`), and its word (cli.node_view.node_state)."""
+    now = now or dt.datetime.now(dt.UTC)
+    facts = gather(store)
+    by_name = {info.name: info for info in slurm_nodes or ()}
+    names = sorted(set(by_name) | set(facts), key=natural_key)
+    return [NodeView.of(n, by_name.get(n), facts.get(n) or StoreFacts(), now) for n in names]
 
 
 def select_views(
@@ -311,11 +245,10 @@ def _summary(views: Sequence[NodeView]) -> str:
     out = sum(1 for v in views if v.out_of_service)
     by_medic = sum(1 for v in views if v.out_of_service and v.drained_by == "medic")
     sick = sum(1 for v in views if v.health in NOT_OK)
-    episodes = sum(1 for v in views if v.episode is not None and v.episode.open)
     silent = sum(1 for v in views if v.silent)
     return (
         f"{total} nodes: {out} out of service ({by_medic} drained by Medic), "
-        f"{sick} not healthy, {episodes} being repaired"
+        f"{sick} not healthy, {summary_counts(v.state for v in views)}"
     ) + (f", {silent} with a silent medic-healthd" if silent else "")
 
 
@@ -408,12 +341,13 @@ def nodes(
             )
         if shown:
             echo_table(
-                ("NODE", "STATE", "HEALTH", "FAULTS", "EPISODE", "RUNG", "SINCE", "DRAIN REASON"),
+                ("NODE", "STATE", "HEALTH", "FAULTS", "EPISODE", "RUNG", "MEDIC", "SINCE",
+                 "DRAIN REASON"),
                 (
                     [
                         v.node, v.slurm_state, v.health_cell, _faults_cell(v.faults),
                         v.episode.state if v.episode else "-",
-                        rung_name(v.episode.rung) if v.episode else "-",
+                        rung_name(v.episode.rung) if v.episode else "-", v.state.word,
                         age(v.since, now), clip(v.drain_reason, 60) or "-",
                     ]
                     for v in shown
@@ -485,6 +419,7 @@ def show(
         found = episodes.find(node=name)[-n_episodes:][::-1] if n_episodes else []
         steps = {e.id: episodes.steps(e.id) for e in found}
         tickets = ticket_lines(store, node=name)
+        facts = gather(store, only=name).get(name) or StoreFacts()
     if info is None and not conditions and not recent and not found and not tickets:
         slurm_said = "Slurm did not answer" if slurm_error else "Slurm does not list it"
         raise AdminError(
@@ -492,17 +427,7 @@ def show(
             f"{slurm_said} and the store has nothing about it",
             "check the name with `medic nodes --all` or `sinfo -N`",
         )
-    view = NodeView(name, info)
-    view.faults = [
-        Fault(c.type, c.target, c.status.value, c.reason, c.since)
-        for c in conditions
-        if c.status.value in NOT_OK
-    ]
-    if conditions:
-        w = worst(c.status for c in conditions)
-        view.health = w.value if w.value in NOT_OK else Status.OK.value
-        view.last_report = max(_aware(c.updated_at) for c in conditions)
-        view.silent = view.last_report < now_utc() - SILENT_AFTER
+    view = NodeView.of(name, info, facts, now)
     if as_json:
         echo_json(
             {
@@ -523,6 +448,7 @@ def show(
     click.echo(
         f"{name}  state {view.slurm_state}  partitions {partitions}  health {view.health_cell}"
     )
+    click.echo(f"medic: {view.state.word}: {view.state.why}")
     if view.silent:
         click.echo(
             f"medic-healthd has not reported since {when(view.last_report)}: this node is not"
@@ -583,13 +509,16 @@ force_option = click.option("--force", is_flag=True, help="Override the safety r
 
 
 def _check_reason(reason: str) -> str:
-    reason = " ".join(reason.split())
+    """The reason as Slurm will store it (whitespace collapsed, scontrol's surrounding
+    quotes dropped), refused when empty or when it would read as one of Medic's drains."""
+    reason = " ".join(as_slurm_stores(" ".join(reason.split())).split())
     if not reason:
         raise AdminError("--reason is empty", "every manual action must say why",
                          "give --reason TEXT", EXIT_USAGE)  # fmt: skip
-    if is_medic_reason(reason):
+    if claims_medic_prefix(reason):
         raise AdminError(
-            "a reason starting with 'medic: ' is reserved",
+            "a reason starting with 'medic:' is reserved (quotes around it do not count:"
+            " Slurm drops them)",
             "that prefix marks Medic's own drains, which Medic resumes by itself",
             "write your own reason, e.g. --reason 'admin: reseat GPU 2 (ticket 1234)'",
             EXIT_USAGE,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,7 +102,8 @@ OPEN_STATES = (WAITING_IDLE, ACTING, REBOOTING, VERIFYING, PAUSED, WAITING_CAP)
 RESOLVED = "resolved"  # repaired, re-qualified and resumed
 RMA = "rma"  # a ticket is open; the node stays drained
 NEEDS_HUMAN = "needs_human"  # beyond the drain cap, an unknown first rung, a drain not ours
-CLOSED_STATES = (RESOLVED, RMA, NEEDS_HUMAN)
+CLOSED = "closed"  # a human closed it (`medic episode close`): it waits on nothing any more
+CLOSED_STATES = (RESOLVED, RMA, NEEDS_HUMAN, CLOSED)
 # Open episodes whose node Medic holds drained (they count against the drain cap).
 DRAINING_STATES = (WAITING_IDLE, ACTING, REBOOTING, VERIFYING, PAUSED)
 
@@ -354,6 +355,113 @@ class EpisodeStore:
             if done.rowcount == 0:
                 conn.execute(insert(control).values(id=1, **values))
         return self.control()
+
+    # -- a human closes or retries an episode (`medic episode close|retry`) ---------------
+
+    def close_by_human(self, episode_id: int, actor: str, reason: str) -> Episode:
+        """Close the episode for good (state `closed`), recording who and why in its message
+        and evidence. Only if its state is still the one read: an episode the ladder moved in
+        between raises EpisodeChanged. Resolved and already-closed episodes raise
+        EpisodeRefused. Slurm is not touched: the node stays as it is."""
+        with self.locked():
+            episode = self._get_or_refuse(episode_id)
+            if episode.state in (RESOLVED, CLOSED):
+                by = (
+                    episode.evidence.get("closed_by", {}).get("actor")
+                    if episode.state == CLOSED
+                    else ""
+                )
+                raise EpisodeRefused(
+                    f"episode {episode.id} is already {episode.state}"
+                    + (f" (by {by})" if by else "")
+                )
+            now = self.now()
+            record = {"actor": actor, "reason": reason, "at": now.isoformat(),
+                      "from_state": episode.state}  # fmt: skip
+            return self._move(
+                episode,
+                state=CLOSED,
+                message=f"{episode.message}; closed by {actor}: {reason}"[-2000:],
+                evidence={**episode.evidence, "closed_by": record},
+            )
+
+    def retry_by_human(
+        self,
+        episode_id: int,
+        actor: str,
+        reason: str,
+        prepare: Callable[[Episode], None] | None = None,
+    ) -> Episode:
+        """Send the episode back to waiting_idle at its current rung with that rung's attempts
+        reset, so the ladder tries again. Refuses (EpisodeRefused) a resolved episode, one the
+        ladder is still working on, one without a rung, and one whose node has another open
+        episode (`retry_refusal`). `prepare` (the CLI: RMA ticket check, Medic's drain) runs
+        after those checks, under the admission lock, before the write; if it raises, nothing
+        changes."""
+        with self.locked():
+            episode = self._get_or_refuse(episode_id)
+            refusal = self.retry_refusal(episode)
+            if refusal:
+                raise EpisodeRefused(refusal)
+            if prepare is not None:
+                prepare(episode)
+            attempts = {k: v for k, v in episode.attempts.items() if k != str(episode.rung)}
+            record = {"actor": actor, "reason": reason, "at": self.now().isoformat(),
+                      "from_state": episode.state, "rung": episode.rung,
+                      "attempts_before": episode.attempts_at(episode.rung)}  # fmt: skip
+            retries = [*episode.evidence.get("retries", ()), record]
+            return self._move(
+                episode,
+                state=WAITING_IDLE,
+                attempts=attempts,
+                closed_at=None,
+                message=f"{episode.message}; retried by {actor}: {reason}"[-2000:],
+                evidence={**episode.evidence, "retries": retries},
+            )
+
+    def retry_refusal(self, episode: Episode) -> str:
+        """Why `episode` cannot be retried now ("" when it can): the store's side only."""
+        if episode.state == RESOLVED:
+            return f"episode {episode.id} is resolved: the node was repaired"
+        if episode.state not in (NEEDS_HUMAN, PAUSED, RMA, CLOSED):
+            return f"episode {episode.id} is {episode.state}: the ladder is working on it"
+        if episode.rung not in (1, 2, 3, 4):
+            return f"episode {episode.id} has no ladder rung ({episode.recommendation!r})"
+        other = self.open_for(episode.node)
+        if other is not None and other.id != episode.id:
+            return f"episode {other.id} ({other.state}) is open on {episode.node}"
+        return ""
+
+    def _get_or_refuse(self, episode_id: int) -> Episode:
+        episode = self.get(episode_id)
+        if episode is None:
+            raise EpisodeRefused(f"no episode {episode_id}")
+        return episode
+
+    def _move(self, episode: Episode, **values: Any) -> Episode:
+        """Update `episode` only if its state is still the one read (compare and set)."""
+        values["updated_at"] = self.now()
+        if values.get("state") in CLOSED_STATES:
+            values["closed_at"] = values["updated_at"]
+        with self._writes.begin() as conn:
+            done = conn.execute(
+                update(episodes)
+                .where(episodes.c.id == episode.id, episodes.c.state == episode.state)
+                .values(**values)
+            )
+        if done.rowcount != 1:
+            raise EpisodeChanged(f"episode {episode.id} changed while you looked; try again")
+        found = self.get(episode.id)
+        assert found is not None
+        return found
+
+
+class EpisodeRefused(ValueError):
+    """A human's close or retry that the episode's state does not allow."""
+
+
+class EpisodeChanged(EpisodeRefused):
+    """The ladder moved the episode between the read and the write."""
 
 
 def _episode(m: Mapping[Any, Any]) -> Episode:

@@ -74,11 +74,12 @@ def test_a_fault_at_night_is_what_medic_nodes_shows_in_the_morning(
     lines = result.stdout.splitlines()
     assert lines[0].startswith("5 nodes: 1 out of service (1 drained by Medic), 1 not healthy")
     header = lines[1]
-    assert header.split() == ["NODE", "STATE", "HEALTH", "FAULTS", "EPISODE", "RUNG", "SINCE",
-                              "DRAIN", "REASON"]  # fmt: skip
+    assert header.split() == ["NODE", "STATE", "HEALTH", "FAULTS", "EPISODE", "RUNG", "MEDIC",
+                              "SINCE", "DRAIN", "REASON"]  # fmt: skip
     [row] = [line for line in lines[2:] if line.startswith("n3 ")]
     cells = row.split()
     assert cells[2:5] == ["CRITICAL", "gpu.xid.79@gpu2", "needs_human"], row
+    assert cells[6] == "needs_human", row  # the word every view gives n3
     assert "DRAIN" in cells[1]
     assert row[header.index("DRAIN REASON") :].startswith("medic: gpu.xid.79 gpu2")
     assert lines[-1] == "(4 more nodes healthy and in service; --all lists them)"

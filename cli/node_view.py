@@ -1,0 +1,307 @@
+"""One word per node, the same in every view.
+
+`medic nodes`, `medic node show` and `medic remediation status` each describe a node; they
+used to derive what they said from different inputs (the newest episode, or the newest
+open one; Slurm's state, or none), so they disagreed. Here the store side is gathered once
+(`gather`: conditions, the open episode, the newest episode waiting for a human, the newest
+RMA episode, RMA tickets that keep the node out) and `node_state` turns it and Slurm's view
+of the node into one word and one line of why. Every view calls these two.
+
+The words, the first that applies:
+
+    rma          an RMA ticket is open (or closed and waiting for re-qualification)
+    paused       the node's episode is paused (kill switch, fleet-wide signature)
+    waiting_cap  the drain cap kept the faulty node in service; drained when the cap frees
+    needs_human  an episode waits for a human (`medic episode close|retry`), or an episode
+                 is open while Slurm has the node in service (stuck), or an RMA episode has
+                 no ticket left
+    repairing    an open episode, the node out of service (or Slurm not asked)
+    drained      out of service, no episode of Medic's (an admin's drain, DOWN, ...)
+    unhealthy    a condition WARN, CRITICAL or UNKNOWN, no episode, in service
+    silent       its medic-healthd has not written for SILENT_AFTER
+    no_data      no medic-healthd has ever written
+    ok           healthy and in service
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, or_, select
+
+from medic_core.slurm import NodeInfo
+from medic_core.status import Status
+from medic_core.store import Store
+from medic_core.store.models import ConditionRow, RmaTicketRow
+from remediation import episodes as ep
+from remediation.policy import Rung
+
+NOT_OK = (Status.WARN.value, Status.CRITICAL.value, Status.UNKNOWN.value)
+NO_DATA = "NO_DATA"  # no condition in the store: no medic-healthd has reported
+# A running medic-healthd rewrites its conditions at least every 5 minutes (REFRESH_SECONDS in
+# healthd.daemon); three missed refreshes mean the node is not being watched.
+SILENT_AFTER = dt.timedelta(minutes=15)
+# Slurm states and flags that take a node out of service.
+OUT_STATES = frozenset({"DOWN", "FAIL", "ERROR", "UNKNOWN", "FUTURE"})
+OUT_FLAGS = frozenset(
+    {"DRAIN", "FAIL", "NOT_RESPONDING", "MAINTENANCE", "REBOOT_REQUESTED", "REBOOT_ISSUED"}
+)
+
+# The words, most urgent first.
+RMA = "rma"
+PAUSED = "paused"
+WAITING_CAP = "waiting_cap"
+NEEDS_HUMAN = "needs_human"
+REPAIRING = "repairing"
+DRAINED = "drained"
+UNHEALTHY = "unhealthy"
+SILENT = "silent"
+NO_DATA_WORD = "no_data"
+OK = "ok"
+WORDS = (RMA, PAUSED, WAITING_CAP, NEEDS_HUMAN, REPAIRING, DRAINED, UNHEALTHY, SILENT,
+         NO_DATA_WORD, OK)  # fmt: skip
+QUIET_WORDS = frozenset({OK, NO_DATA_WORD})  # nothing for a human to look at
+# What a summary line calls the nodes with each word.
+PHRASES = {
+    REPAIRING: "being repaired",
+    PAUSED: "with repairs paused",
+    WAITING_CAP: "waiting for the drain cap",
+    NEEDS_HUMAN: "waiting for a human",
+    RMA: "in RMA",
+}
+_SEVERITY = {s.value: s.severity for s in Status}
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """gpu2 before gpu10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def rung_word(rung: int) -> str:
+    try:
+        return Rung(rung).word
+    except ValueError:
+        return str(rung)
+
+
+def out_of_service(slurm: NodeInfo | None) -> bool:
+    return slurm is not None and (slurm.state in OUT_STATES or bool(slurm.flags & OUT_FLAGS))
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A condition that is not OK."""
+
+    type: str
+    target: str
+    status: str
+    reason: str
+    since: dt.datetime
+
+    @property
+    def label(self) -> str:
+        where = f"gpu{self.target}" if self.target.isdigit() else self.target
+        return f"{self.reason or self.type}@{where}" if where else self.reason or self.type
+
+
+@dataclass(frozen=True)
+class TicketBrief:
+    """An RMA ticket that keeps its node out: not closed, or closed and not re-qualified."""
+
+    id: int
+    state: str
+    requalify: bool
+
+
+@dataclass
+class StoreFacts:
+    """What the store knows of one node, as every view reads it."""
+
+    health: str = NO_DATA
+    faults: list[Fault] = field(default_factory=list)
+    last_report: dt.datetime | None = None
+    open_episode: ep.Episode | None = None
+    human_episode: ep.Episode | None = None  # the newest needs_human (a human closes it)
+    rma_episode: ep.Episode | None = None  # the newest in state rma
+    tickets: list[TicketBrief] = field(default_factory=list)
+
+    def silent(self, now: dt.datetime) -> bool:
+        return self.last_report is not None and self.last_report < now - SILENT_AFTER
+
+
+@dataclass(frozen=True)
+class NodeState:
+    word: str
+    why: str
+    episode: ep.Episode | None = None  # the episode the word is about
+
+    @property
+    def attention(self) -> bool:
+        return self.word not in QUIET_WORDS
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "word": self.word,
+            "why": self.why,
+            "episode_id": self.episode.id if self.episode else None,
+        }
+
+
+def node_state(slurm: NodeInfo | None, facts: StoreFacts, now: dt.datetime) -> NodeState:
+    """The node's one word and why, from Slurm's view of it (None: not asked or not known)
+    and the store's facts. Pure."""
+    in_service = slurm is not None and not out_of_service(slurm)
+    if facts.tickets:
+        t = facts.tickets[0]
+        why = (
+            f"RMA ticket #{t.id} closed, waiting for re-qualification"
+            if t.state == "closed"
+            else f"RMA ticket #{t.id} {t.state}"
+        )
+        if len(facts.tickets) > 1:
+            why += f" (+{len(facts.tickets) - 1} more)"
+        if in_service:
+            why += "; Slurm has the node IN SERVICE: drain it (medic node drain)"
+        return NodeState(RMA, why, facts.rma_episode)
+    e = facts.open_episode
+    if e is not None:
+        about = f"episode #{e.id} {e.fault_class}{' ' + e.target if e.target else ''}"
+        if e.state == ep.PAUSED:
+            return NodeState(PAUSED, f"{about} paused at rung {rung_word(e.rung)}", e)
+        if e.state == ep.WAITING_CAP:
+            return NodeState(WAITING_CAP, f"{about}: in service until the drain cap frees", e)
+        if in_service:
+            return NodeState(
+                NEEDS_HUMAN,
+                f"{about} is {e.state} but Slurm has the node in service: stuck "
+                f"(medic episode retry|close {e.id})",
+                e,
+            )
+        return NodeState(REPAIRING, f"{about} {e.state}, rung {rung_word(e.rung)}", e)
+    h = facts.human_episode
+    if h is not None:
+        about = f"episode #{h.id} {h.fault_class}{' ' + h.target if h.target else ''}"
+        return NodeState(
+            NEEDS_HUMAN, f"{about} waits for a human (medic episode close|retry {h.id})", h
+        )
+    r = facts.rma_episode
+    if r is not None:
+        return NodeState(
+            NEEDS_HUMAN,
+            f"episode #{r.id} {r.fault_class} reached RMA but no ticket keeps the node out "
+            f"(medic episode close|retry {r.id})",
+            r,
+        )
+    if out_of_service(slurm):
+        assert slurm is not None
+        state = "+".join([slurm.state, *sorted(slurm.flags)])
+        return NodeState(DRAINED, f"{state}: {slurm.reason or 'no reason given'}")
+    if facts.health in NOT_OK:
+        return NodeState(UNHEALTHY, ", ".join(f.label for f in facts.faults[:3]) or facts.health)
+    if facts.silent(now):
+        return NodeState(SILENT, "medic-healthd has not reported for 15 minutes")
+    if facts.health == NO_DATA:
+        return NodeState(NO_DATA_WORD, "no medic-healthd has reported")
+    return NodeState(OK, "healthy and in service" if slurm else "healthy (Slurm not asked)")
+
+
+def gather(store: Store, only: str | None = None) -> dict[str, StoreFacts]:
+    """Every node the store knows (or only `only`), in four queries whatever the fleet's
+    size: the newest condition write per node, the conditions that are not OK, the episodes
+    that can still say something (open, needs_human, rma), and the tickets that keep nodes
+    out."""
+    conditions = ConditionRow.__table__
+    tickets = RmaTicketRow.__table__
+    seen_q = select(conditions.c.node, func.max(conditions.c.updated_at)).group_by(
+        conditions.c.node
+    )
+    bad_q = select(
+        conditions.c.node, conditions.c.type, conditions.c.target,
+        conditions.c.status, conditions.c.reason, conditions.c.since,
+    ).where(conditions.c.status.in_(NOT_OK))  # fmt: skip
+    ticket_q = (
+        select(tickets.c.id, tickets.c.node, tickets.c.state, tickets.c.requalify)
+        .where(or_(tickets.c.state != "closed", tickets.c.requalify.is_(True)))
+        .order_by(tickets.c.id)
+    )
+    if only is not None:
+        seen_q = seen_q.where(conditions.c.node == only)
+        bad_q = bad_q.where(conditions.c.node == only)
+        ticket_q = ticket_q.where(tickets.c.node == only)
+    with store.engine.connect() as conn:
+        seen = conn.execute(seen_q).all()
+        bad = conn.execute(bad_q).all()
+        held = conn.execute(ticket_q).all()
+    episodes = ep.EpisodeStore(store).find(
+        node=only, states=(*ep.OPEN_STATES, ep.NEEDS_HUMAN, ep.RMA)
+    )
+    facts: dict[str, StoreFacts] = {}
+    for name, last in seen:
+        f = facts.setdefault(name, StoreFacts())
+        f.health = Status.OK.value
+        f.last_report = _aware(last)
+    for node, type_, target, status, reason, since in bad:
+        f = facts.setdefault(node, StoreFacts())
+        f.faults.append(Fault(type_, target, status, reason, _aware(since)))
+        if _SEVERITY[status] > _SEVERITY.get(f.health, 0):
+            f.health = status
+    for e in episodes:  # by id: the newest of each kind wins
+        f = facts.setdefault(e.node, StoreFacts())
+        if e.open:
+            f.open_episode = e
+        elif e.state == ep.NEEDS_HUMAN:
+            f.human_episode = e
+        else:
+            f.rma_episode = e
+    for row in held:
+        facts.setdefault(row.node, StoreFacts()).tickets.append(
+            TicketBrief(int(row.id), row.state, bool(row.requalify))
+        )
+    for f in facts.values():
+        f.faults.sort(key=lambda x: (-_SEVERITY[x.status], x.type, natural_key(x.target)))
+    return facts
+
+
+def states_of(
+    slurm_nodes: Iterable[NodeInfo] | None, facts: Mapping[str, StoreFacts], now: dt.datetime
+) -> dict[str, NodeState]:
+    """Every node Slurm or the store knows, with its word."""
+    by_name = {n.name: n for n in slurm_nodes or ()}
+    names = sorted(set(by_name) | set(facts), key=natural_key)
+    return {n: node_state(by_name.get(n), facts.get(n) or StoreFacts(), now) for n in names}
+
+
+def summary_counts(states: Iterable[NodeState]) -> str:
+    """`2 being repaired, 1 waiting for a human`: the words a human should look at; the
+    repairs always, the others when there are any."""
+    counts: dict[str, int] = {}
+    for s in states:
+        counts[s.word] = counts.get(s.word, 0) + 1
+    parts = [f"{counts.get(REPAIRING, 0)} {PHRASES[REPAIRING]}"]
+    parts += [f"{counts[w]} {PHRASES[w]}" for w in (PAUSED, WAITING_CAP, NEEDS_HUMAN, RMA)
+              if counts.get(w)]  # fmt: skip
+    return ", ".join(parts)
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+__all__ = [
+    "NOT_OK",
+    "NO_DATA",
+    "SILENT_AFTER",
+    "WORDS",
+    "Fault",
+    "NodeState",
+    "StoreFacts",
+    "TicketBrief",
+    "gather",
+    "node_state",
+    "states_of",
+    "summary_counts",
+]
