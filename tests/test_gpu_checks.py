@@ -288,6 +288,11 @@ def test_xid_94_is_a_fresh_restart_app_warn_condition_once() -> None:
     later = GpuXidCheck.evaluate(GpuXidObservation(150.0, second, 7), cfg)
     [warn] = [r for r in later if r.kind is Kind.CONDITION]
     assert (warn.status, warn.evidence["last_seq"], warn.evidence["count"]) == (Status.WARN, 9, 1)
+    # an XID 94 from long ago (a fresh reader of the kernel log since boot): history only
+    stale = GpuXidCheck.evaluate(GpuXidObservation(90.0 + 121.0, first, 0), cfg)
+    assert [(r.kind, r.fault_class) for r in stale if r.status != Status.OK] == [
+        (Kind.EVENT, "gpu.xid.94")
+    ]
     # an operator who makes XID 94 OK gets history only; one who makes it CRITICAL drains
     quiet = GpuXidConfig(status_overrides={"94": "OK"})
     assert all(

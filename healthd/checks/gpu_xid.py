@@ -9,11 +9,12 @@ An XID whose catalog bucket calls for a GPU reset, reboot or RMA is a CRITICAL c
 for `window_seconds` (or until the remediation ladder clears the GPU's XIDs after a reset).
 RESTART_APP XIDs (recommendation `restart_app`: the application they hit must restart, the
 node stays in service) are reported once as a WARN event (history) and, on the run that
-first sees them, as a WARN condition on their GPU, so the daemon hands a fresh one to the
-decision core (requeue the job on that GPU); the next run clears that condition, and the
-next such XID raises it again. Evidence `last_seq` (the buffer's number of the newest XID)
-tells two such XIDs in consecutive runs apart. IGNORE XIDs are an OK event (history); an
-XID missing from the catalog is a WARN event with bucket UNKNOWN. Neither ever drains.
+first sees them (if at most `restart_app_seconds` old), as a WARN condition on their GPU,
+so the daemon hands a fresh one to the decision core (requeue the job on that GPU); the
+next run clears that condition, and the next such XID raises it again. Evidence `last_seq`
+(the buffer's number of the newest XID) tells two such XIDs in consecutive runs apart.
+IGNORE XIDs are an OK event (history); an XID missing from the catalog is a WARN event with
+bucket UNKNOWN. Neither ever drains.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ _STATUS_WORDS = ("OK", "WARN", "CRITICAL")
 class GpuXidConfig(CheckConfig):
     window_seconds: float = setting(
         3600.0, minimum=1, doc="how long a CRITICAL XID stays a condition (unless cleared)"
+    )
+    restart_app_seconds: float = setting(
+        120.0,
+        minimum=1,
+        doc="a RESTART_APP XID older than this is history only, never a restart_app"
+        " condition (a fresh reader of the kernel log sees every XID since boot)",
     )
     read_kmsg: bool = setting(True, doc="also read NVRM Xid lines from /dev/kmsg")
     ignore_xids: tuple[int, ...] = setting((), doc="XIDs never reported")
@@ -162,7 +169,11 @@ class GpuXidCheck(Check[GpuXidObservation, GpuXidConfig]):
                     groups.setdefault((record.gpu, record.xid), []).append(record)
             elif record.seq > observation.reported_through:
                 events.append(_event(record, entry, status))
-                if status == Status.WARN and entry.recommendation == Recommendation.RESTART_APP:
+                if (
+                    status == Status.WARN
+                    and entry.recommendation == Recommendation.RESTART_APP
+                    and observation.now - record.monotonic <= cfg.restart_app_seconds
+                ):
                     restarts.setdefault((record.gpu, record.xid), []).append(record)
         conditions = [
             _condition(records, observation.now, Status.CRITICAL) for records in groups.values()
