@@ -7,15 +7,16 @@ stores) and a resilient job's restart budget.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from medic_core.drain_reason import format_reason
 from medic_core.settings import HookSettings
+from medic_core.slurm import NodeInfo
 from medic_core.status import Status
 from medic_core.vocabulary import Finding, Recommendation, Verdict
-from remediation.policy import Rung, first_rung
+from remediation.policy import Rung, drain_cap, first_rung
 
 
 @dataclass(frozen=True)
@@ -290,6 +291,37 @@ def _jobs(
             )
             out.append(JobDecision(job.job_id, "requeue", note, ledger, job.slurm_restarts))
     return tuple(out)
+
+
+def cap_reason(
+    nodes: Sequence[NodeInfo],
+    node: str,
+    share: float,
+    minimum: int,
+    pending: Collection[str] = (),
+) -> str:
+    """Why draining `node` would pass the drain cap in one of its partitions ("" if it
+    would not). Medic's drains are counted from the reasons Slurm stores, the one truth
+    every node can read whatever the store; `pending` adds nodes admitted a moment ago
+    whose drain Slurm does not show yet."""
+    me = next((n for n in nodes if n.name == node), None)
+    if me is None:
+        return ""
+    for partition in me.partitions or ("",):
+        members = [n for n in nodes if partition in n.partitions or not partition]
+        cap = drain_cap(len(members), share, minimum)
+        ours = {
+            n.name
+            for n in members
+            if n.name != node and (n.drained or n.down) and n.reason.startswith("medic: ")
+        }
+        ours |= {n.name for n in members if n.name in pending and n.name != node}
+        if len(ours) >= cap:
+            return (
+                f"drain cap reached in partition {partition or '-'}: {len(ours)} of"
+                f" {len(members)} nodes drained by Medic (cap {cap}); left in service"
+            )
+    return ""
 
 
 # --- giving a node back ------------------------------------------------------------------------

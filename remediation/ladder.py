@@ -46,10 +46,11 @@ from remediation.decide import (
     JobFacts,
     NodeFacts,
     Rails,
+    cap_reason,
     decide_fault,
     primary,
 )
-from remediation.policy import LemonScore, Rung, after_failure, drain_cap
+from remediation.policy import LemonScore, Rung, after_failure
 
 log = logging.getLogger("medic.remediation")
 
@@ -226,35 +227,12 @@ class Ladder:
             nodes = self.slurm.nodes()
         except SlurmError as exc:
             return f"cannot read Slurm to apply the drain cap: {exc}"
-        me = next((n for n in nodes if n.name == self.node), None)
-        if me is None:
-            return ""
-        for partition in me.partitions or ("",):
-            members = [n for n in nodes if partition in n.partitions or not partition]
-            cap = drain_cap(
-                len(members), self.settings.max_drained_share, self.settings.min_drained
-            )
-            member_names = {n.name for n in members}
-            ours = {
-                n.name
-                for n in members
-                if n.name != self.node
-                and (n.drained or "DOWN" in (n.state, *n.flags))
-                and is_medic_reason(n.reason)
-            }
-            # Episodes admitted a moment ago whose drain Slurm does not show yet count too:
-            # admission runs under the store's lock, so this is never a race.
-            ours |= {
-                e.node
-                for e in self.store.find(states=ep.DRAINING_STATES)
-                if e.node != self.node and e.node in member_names
-            }
-            if len(ours) >= cap:
-                return (
-                    f"drain cap reached in partition {partition or '-'}: {len(ours)} of"
-                    f" {len(members)} nodes drained by Medic (cap {cap}); left in service"
-                )
-        return ""
+        # Episodes admitted a moment ago whose drain Slurm does not show yet count too:
+        # admission runs under the store's lock, so this is never a race.
+        pending = {e.node for e in self.store.find(states=ep.DRAINING_STATES)}
+        return cap_reason(
+            nodes, self.node, self.settings.max_drained_share, self.settings.min_drained, pending
+        )
 
     def _fleet_signature(self, fault_class: str) -> str:
         """The same fault class on fleet_signature_nodes nodes within the window, counted

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,10 +17,20 @@ from healthd.api import HealthdUnavailable, ask
 from medic_core import proc
 from medic_core.config import MedicConfig
 from medic_core.drain_reason import DrainOutcome, drain_if_allowed, format_reason
-from medic_core.settings import HookSettings
+from medic_core.settings import HookSettings, RemediationSettings
 from medic_core.slurm import CliSlurm, SlurmClient, SlurmError, expand_hostlist
 from medic_core.vocabulary import Finding, Verdict
-from remediation.decide import FaultDecision, GateDecision, JobFacts, Ledger
+from remediation.decide import (
+    FaultDecision,
+    FaultFacts,
+    GateDecision,
+    JobFacts,
+    Ledger,
+    NodeFacts,
+    Rails,
+    cap_reason,
+    decide_fault,
+)
 from slurm_hooks.resilient import parse_resilient
 
 log = logging.getLogger("medic.hooks")
@@ -106,24 +116,49 @@ def record_gate(config: MedicConfig, job_id: str, verdict: Verdict, decision: Ga
 # --- the prolog's refusal --------------------------------------------------------------------
 
 
+def drain_through_core(
+    client: SlurmClient, config: MedicConfig, findings: Sequence[Finding]
+) -> tuple[FaultDecision, DrainOutcome | None]:
+    """A hook's drain (the prolog's refusal, the HealthCheckProgram's backstop): the same
+    decision core and rails as the daemon's, with the facts Slurm holds (owner, cap); jobs
+    are the daemon's to requeue, so none are touched here."""
+    nodes = client.nodes()
+    me = next((n for n in nodes if n.name == config.node_name), None)
+    remediation = RemediationSettings.from_config(config)
+    facts = FaultFacts(
+        node=config.node_name,
+        slurm=NodeFacts(True, me.drained, me.down, me.reason) if me else NodeFacts(False),
+        rails=Rails(
+            cap=cap_reason(
+                nodes, config.node_name, remediation.max_drained_share, remediation.min_drained
+            )
+        ),
+    )
+    decision = decide_fault(findings, facts)
+    drained = (
+        drain_if_allowed(client, config.node_name, decision.reason) if decision.drain else None
+    )
+    return decision, drained
+
+
 def refuse_launch(
     config: MedicConfig, settings: HookSettings, job_id: str, decision: GateDecision
 ) -> str:
-    """Drain this node with Medic's reason and start the releaser; returns one line."""
+    """Drain this node through the decision core and start the releaser; one line."""
     first = decision.first
     assert first is not None
-    reason = drain_reason_for(first)
     client = slurm_client(config, settings)
+    outcome = ""
     try:
-        outcome = drain_if_allowed(client, config.node_name, reason)
+        fault, drained = drain_through_core(client, config, decision.blocking)
+        outcome = drained.value if drained else f"not drained: {fault.why or 'already out'}"
     except SlurmError as exc:
-        outcome = None
         print(f"medic-prolog: drain failed: {exc}", file=sys.stderr)
     if settings.release_held and job_id:
         restarts = os.environ.get("SLURM_JOB_RESTART_COUNT", "0")  # absent on a first run
         start_releaser(config, job_id, int(restarts) if restarts.isdigit() else 0)
-    kept = f" (drain: {outcome.value})" if isinstance(outcome, DrainOutcome) else ""
-    return f"{config.node_name} refused job {job_id}: {reason}{kept}"
+    kept = f" (drain: {outcome})" if outcome else ""
+    return f"{config.node_name} refused job {job_id}: {drain_reason_for(first)}{kept}"
 
 
 def start_releaser(config: MedicConfig, job_id: str, restarts: int) -> None:

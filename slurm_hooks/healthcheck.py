@@ -48,10 +48,11 @@ def health_check(
 ) -> HealthCheckOutcome:
     from healthd.api import HealthdUnavailable, ask
     from healthd.inline import run_inline
-    from medic_core.drain_reason import drain_if_allowed, is_medic_reason, resume_if_medic
+    from medic_core.drain_reason import is_medic_reason, resume_if_medic
     from medic_core.status import Status
     from medic_core.vocabulary import Finding, Verdict
-    from slurm_hooks.actions import drain_reason_for
+    from remediation.decide import NodeFacts, decide_resume
+    from slurm_hooks.actions import drain_through_core
 
     node = config.node_name
     daemon_up = True
@@ -67,8 +68,9 @@ def health_check(
     medic_drained = info is not None and info.drained and is_medic_reason(info.reason)
     critical = [f for f in verdict.findings if f.status is Status.CRITICAL]
     if critical and not medic_drained:
-        outcome = drain_if_allowed(client, node, drain_reason_for(critical[0]))
-        return HealthCheckOutcome(daemon_up, "drained", f"{outcome.value}{down}")
+        decision, drained = drain_through_core(client, config, critical)
+        said = drained.value if drained else f"not drained: {decision.why or 'already out'}"
+        return HealthCheckOutcome(daemon_up, "drained" if drained else "kept", f"{said}{down}")
     if not medic_drained:
         return HealthCheckOutcome(daemon_up, "none", f"{verdict.status.value}{down}")
     if not settings.resume or not daemon_up:
@@ -91,6 +93,12 @@ def health_check(
         return HealthCheckOutcome(
             daemon_up, "kept", f"still {first.status.value}: {first.check} {first.message}"
         )
+    # The node's reason as Slurm stores it now (a human may have changed it meanwhile).
+    now = client.node(node)
+    facts = NodeFacts(True, now.drained, now.down, now.reason) if now else NodeFacts(False)
+    giving_back = decide_resume(facts)
+    if not giving_back.resume:
+        return HealthCheckOutcome(daemon_up, "kept", giving_back.why)
     resumed = resume_if_medic(client, node)
     return HealthCheckOutcome(daemon_up, "resumed", f"re-qualified: {resumed.value}")
 
