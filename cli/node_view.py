@@ -178,7 +178,7 @@ def node_state(slurm: NodeInfo | None, facts: StoreFacts, now: dt.datetime) -> N
             return NodeState(
                 NEEDS_HUMAN,
                 f"{about} is {e.state} but Slurm has the node in service: stuck "
-                f"(medic episode retry|close {e.id})",
+                f"(medic episode close {e.id})",
                 e,
             )
         return NodeState(REPAIRING, f"{about} {e.state}, rung {rung_word(e.rung)}", e)

@@ -299,7 +299,7 @@ def test_a_healthy_node_with_a_stuck_episode_is_not_being_repaired(
     assert "0 being repaired, 1 waiting for a human" in summary
     [doc] = as_json(remediation, "status", *conf)["episodes"]
     assert doc["id"] == stuck.id and doc["medic"] == "needs_human"
-    assert f"medic episode retry|close {stuck.id}" in doc["why"]
+    assert f"stuck (medic episode close {stuck.id})" in doc["why"]
 
     slurm.add("n1", "IDLE", ("DRAIN",), "medic: gpu.xid.79 gpu2")  # now drained: a repair
     assert words(conf, "n1") == {"repairing"}
