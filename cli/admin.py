@@ -23,7 +23,7 @@ from sqlalchemy import make_url, select
 from cli import node_view
 from cli.complete import complete_node
 from medic_core.config import ConfigError, MedicConfig, load_config
-from medic_core.settings import HookSettings
+from medic_core.settings import HookSettings, deprecations
 from medic_core.slurm import CliSlurm, JobInfo, SlurmError
 from medic_core.store import (
     BadStoreURL,
@@ -657,6 +657,8 @@ def config_check(config_path: Path | None) -> None:
         click.echo(f"medic: {exc}", err=True)
         raise SystemExit(EXIT_PROBLEM) from exc
     source = config.source or "<built-in defaults: no config file>"
+    for line in deprecations(config):
+        warn(line)
     click.echo(f"OK {source}: {', '.join(summary)}")
 
 

@@ -6,30 +6,53 @@ from __future__ import annotations
 import time
 
 from healthd.checks import load_check_configs
-from healthd.checks.base import CheckContext, Tier
+from healthd.checks.base import CheckContext, Result, Tier
 from healthd.nvml_client import NvmlError, NvmlUnavailable, PynvmlClient
-from healthd.results import result_json
 from healthd.runner import Runner
 from medic_core.config import MedicConfig
 from medic_core.settings import DaemonSettings
-from medic_core.vocabulary import Verdict
+from medic_core.status import Status
+from medic_core.vocabulary import Finding, Verdict
+
+MIN_BUDGET = 0.05  # seconds: less than this left, and no check could answer in time
+
+
+def out_of_time(source: str, why: str) -> Verdict:
+    """The verdict when the launch budget ran out before the checks could answer: UNKNOWN
+    (the gate's on_unknown policy decides), with one finding that says so."""
+    finding = Finding(
+        "launch",
+        Status.UNKNOWN,
+        "launch.deadline",
+        "",
+        f"no launch verdict within the launch budget: {why}",
+    )
+    return Verdict.of([finding], source)
 
 
 def run_inline(config: MedicConfig, budget: float) -> Verdict:
-    """The launch tier in this process (no daemon): slower, but the gate still holds."""
+    """The launch tier in this process (no daemon): slower, but the gate still holds.
+
+    `budget` is what is left of the prolog's deadline, and all of it: NVML's initialisation
+    may take half (a hung `nvmlInit` is abandoned then, its thread left behind; the GPU
+    checks then report UNKNOWN at once), the checks run in what is left, and a check that
+    has not answered by the deadline is UNKNOWN. No time left: UNKNOWN without trying."""
     started = time.monotonic()
+    deadline = started + budget
+    if budget <= MIN_BUDGET:
+        return out_of_time("inline", f"{max(budget, 0.0):.2f}s left for the checks")
     gpus = DaemonSettings.from_config(config).gpus
     client: PynvmlClient | None = None
     skip_gpu = gpus == "none"
     if not skip_gpu:
-        client = PynvmlClient(call_timeout=min(3.0, budget / 2))
+        client = PynvmlClient(call_timeout=min(3.0, budget / 2), init_timeout=budget / 2)
         try:
             client.open()
         except NvmlUnavailable:
             client = None
             skip_gpu = gpus == "auto"  # no driver: a CPU node, as the daemon would judge
         except NvmlError:
-            pass  # a GPU node in trouble: the GPU checks report it
+            pass  # a GPU node in trouble (hung or failing init): the GPU checks report it
     try:
         ctx = CheckContext.for_root(config.paths.host_root, nvml=client)
         runner = Runner(ctx, load_check_configs(config))
@@ -38,9 +61,25 @@ def run_inline(config: MedicConfig, budget: float) -> Verdict:
             for name in runner.selected(tier=Tier.LAUNCH)
             if not (skip_gpu and "nvml" in runner.specs[name].needs)
         ]
-        report = runner.run(names, budget=budget)
+        report = runner.run(names, budget=max(0.0, deadline - time.monotonic()))
     finally:
         if client is not None:
             client.close()
-    reply = {"results": [result_json(r) for r in report.results]}
-    return Verdict.from_reply(reply, "inline", time.monotonic() - started)
+    findings = [_finding(r) for r in report.results]
+    return Verdict.of(findings, "inline", time.monotonic() - started)
+
+
+def _finding(result: Result) -> Finding:
+    """healthd.results.finding_of without importing it: it imports the store's models, and
+    SQLAlchemy's import alone can take most of a small launch budget."""
+    return Finding.from_json(
+        {
+            "check": result.check,
+            "status": result.status.value,
+            "fault_class": result.fault_class,
+            "target": result.target,
+            "message": result.message,
+            "remediation": result.remediation.value if result.remediation else None,
+            "evidence": result.evidence,
+        }
+    )

@@ -1,11 +1,15 @@
 """`medic-prolog`: Slurm's Prolog. A job never starts on a node Medic judges sick.
 
 Slurm runs it as root on every allocated node (with `PrologFlags=Alloc`, at allocation
-time), with SLURMD_NODENAME and SLURM_JOB_ID but no PATH. The common case is fast and
-imports only the standard library: ask the local daemon, which answers from fresh results,
-decides with the `[hooks]` policy and records the gate decision for the job. Only a refusal,
-or a daemon that does not answer, takes the slow path (slurm_hooks.gate): the launch tier
-inline when needed, then on CRITICAL (or UNKNOWN with `on_unknown = "closed"`):
+time), with SLURMD_NODENAME and SLURM_JOB_ID but no PATH, usually through the compiled front
+(medic-hook), which answers the common case (fresh results, allowed) itself.
+
+One deadline: the front's start (MEDIC_LAUNCH_STARTED) plus `[hooks] launch_budget`, or this
+process's start without the front. Everything below gets only what is left of it: the daemon
+(asked for a verdict within the rest, less REPLY_RESERVE for its answer to arrive), then the
+launch tier inline when the daemon did not answer (NVML's initialisation included), then the
+refusal's actions (slurm_hooks.gate). A verdict not reached in time is UNKNOWN, which
+`[hooks] on_unknown` decides. On CRITICAL (or UNKNOWN with `on_unknown = "closed"`):
 
 1. drain the node with Medic's reason (first, so Slurm's own "Prolog error" drain does not
    replace it: a node already drained keeps its reason);
@@ -22,17 +26,34 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from healthd.api import HealthdUnavailable, ask
 from medic_core.config import ConfigError, load_config
 
-DEFAULT_BUDGET = 10.0
+# Seconds of the budget kept for the daemon's reply to reach us (it records the gate
+# decision before it answers); the daemon is asked for the rest.
+REPLY_RESERVE = 0.2
+# The compiled front's start is believed only if it is this recent (else: ours).
+MAX_FRONT_AGE = 60.0
+
+
+def launch_started(now: float) -> float:
+    """When this launch began: the compiled front's CLOCK_MONOTONIC stamp (the clock
+    time.monotonic() reads, the same in every process), else now."""
+    text = os.environ.pop("MEDIC_LAUNCH_STARTED", "")
+    try:
+        started = float(text)
+    except ValueError:
+        return now
+    return started if now - MAX_FRONT_AGE <= started <= now else now
 
 
 def _reply_from_front() -> dict[str, Any] | None:
     """The daemon's answer when the compiled front (medic-hook) already asked and was not
-    told "allow": asking again would record the gate decision twice."""
+    told "allow": asking again would record the gate decision twice. A reply naming stale
+    results (the front asks without a budget) is not a verdict: None, ask again."""
     text = os.environ.pop("MEDIC_LAUNCH_REPLY", "")
     if not text:
         return None
@@ -40,25 +61,35 @@ def _reply_from_front() -> dict[str, Any] | None:
         reply = json.loads(text)
     except ValueError:
         return None
-    return reply if isinstance(reply, dict) else None
+    return reply if isinstance(reply, dict) and "stale" not in reply else None
 
 
 def main() -> int:
+    now = time.monotonic()
+    started = launch_started(now)
     job_id = os.environ.get("SLURM_JOB_ID", "")
     try:
         config = load_config()
+        from medic_core.settings import HookSettings
+
+        settings = HookSettings.from_config(config)
     except ConfigError as exc:
         print(f"medic-prolog: {exc} (job {job_id} allowed)", file=sys.stderr)
         return 0
-    budget = config.table("hooks").get("launch_budget", DEFAULT_BUDGET)
-    budget = float(budget) if isinstance(budget, int | float) else DEFAULT_BUDGET
+    deadline = started + settings.launch_budget  # the one deadline, from here on down
+    no_reply = os.environ.pop("MEDIC_LAUNCH_NOREPLY", "")
     reply = _reply_from_front()
+    if reply is None and no_reply:
+        # The front's question, answered in a millisecond by a working daemon, went
+        # unanswered: judge here with all that is left rather than wait for it again.
+        reply = {"allow": None, "note": f"medic-healthd: {no_reply}"}
     if reply is None:
+        left = deadline - time.monotonic()
         try:
             reply = ask(
                 config.paths.socket,
-                {"op": "launch", "budget": budget * 0.8, "job_id": job_id},
-                timeout=budget * 0.9,
+                {"op": "launch", "budget": max(0.0, left - REPLY_RESERVE), "job_id": job_id},
+                timeout=max(0.001, left),
             )
         except HealthdUnavailable as exc:
             reply = {"allow": None, "note": str(exc)}
@@ -66,4 +97,4 @@ def main() -> int:
         return 0
     from slurm_hooks.gate import gate_slow_path
 
-    return gate_slow_path(config, job_id, reply)
+    return gate_slow_path(config, settings, job_id, reply, deadline)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socketserver
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,8 @@ def front(tmp_path: Path) -> Path:
     stand_in.write_text(
         "#!/bin/sh\n"
         f'printf "%s" "${{MEDIC_LAUNCH_REPLY-<unset>}}" > {tmp_path}/handed-over\n'
+        f'printf "%s" "${{MEDIC_LAUNCH_NOREPLY-<unset>}}" > {tmp_path}/no-reply\n'
+        f'printf "%s" "${{MEDIC_LAUNCH_STARTED-<unset>}}" > {tmp_path}/started\n'
         f"exit {HANDED_OVER}\n"
     )
     stand_in.chmod(0o755)
@@ -80,7 +83,8 @@ def test_an_allowed_launch_never_starts_python(
     done = run_front(front, daemon.path, "prolog_slurmd")
     assert done.returncode == 0, done.stderr
     assert handed_over(tmp_path) is None
-    assert daemon.requests == [{"op": "launch", "budget": 2.0, "job_id": "42"}]
+    # No budget of its own: a fresh-only question, which the daemon answers at once.
+    assert daemon.requests == [{"op": "launch", "fresh_only": True, "job_id": "42"}]
 
 
 def test_a_refusal_hands_the_daemons_answer_to_the_python_prolog(
@@ -101,12 +105,45 @@ def test_anything_else_goes_to_the_python_prolog_with_nothing(
     if why == "no daemon":
         socket = tmp_path / "absent.sock"
     elif why == "hung daemon":
-        daemon.silent = True  # the front gives up after its 3 s reply timeout
+        daemon.silent = True  # the front gives up after its fixed 0.5 s wait
     else:
         job = "42; rm -rf /"
     done = run_front(front, socket, "prolog_slurmd", job=job)
     assert done.returncode == HANDED_OVER
     assert handed_over(tmp_path) == "<unset>"
+    no_reply = (tmp_path / "no-reply").read_text()
+    if why == "odd job id":  # not asked: the Python prolog asks, with the job id quoted
+        assert no_reply == "<unset>"
+    else:  # asked, no answer: the Python prolog judges inline at once
+        assert no_reply != "<unset>" and no_reply
+    if why == "hung daemon":
+        assert "within its fixed wait" in no_reply
+
+
+def test_the_front_hands_its_start_to_the_python_prolog_and_waits_no_budget(
+    front: Path, daemon: FakeDaemon, tmp_path: Path
+) -> None:
+    """The deadline counts from the front's start, whatever the budget: the front stamps it
+    (CLOCK_MONOTONIC, what time.monotonic() reads) and a hung daemon costs it only its fixed
+    0.5 s wait, so the Python prolog has the rest of the configured budget."""
+    daemon.silent = True
+    before = time.monotonic()
+    done = run_front(front, daemon.path, "prolog_slurmd")
+    after = time.monotonic()
+    assert done.returncode == HANDED_OVER
+    started = float((tmp_path / "started").read_text())
+    assert before <= started <= after
+    assert 0.4 <= after - started < 1.5  # the fixed wait, not the old 3 s nor any budget
+
+
+def test_stale_results_go_to_the_python_prolog_to_run_within_the_budget(
+    front: Path, daemon: FakeDaemon, tmp_path: Path
+) -> None:
+    daemon.reply = {"node": "n1", "tier": "launch", "stale": ["gpu_count"]}
+    done = run_front(front, daemon.path, "prolog_slurmd")
+    assert done.returncode == HANDED_OVER
+    assert json.loads(handed_over(tmp_path) or "") == daemon.reply
+    assert (tmp_path / "no-reply").read_text() == "<unset>"
 
 
 def test_the_epilog_reports_the_job_end_and_always_exits_0(

@@ -6,10 +6,20 @@
  * Python entry points, which hold all of Medic's policy:
  *
  *   Prolog (SLURM_SCRIPT_CONTEXT=prolog_slurmd, or anything but the Epilog's):
- *     ask the local medic-healthd for a launch verdict; a reply saying "allow": true exits 0.
- *     Any other reply is passed to the Python prolog in MEDIC_LAUNCH_REPLY (it decides, drains,
- *     starts the releaser); no reply (daemon down, slow, or another socket configured) execs
- *     the Python prolog with nothing, and it runs its own inline path.
+ *     note the start (CLOCK_MONOTONIC: the prolog's one deadline is this plus `[hooks]
+ *     launch_budget`) and ask the local medic-healthd for a verdict from fresh results only
+ *     ("fresh_only"), waiting at most QUESTION_TIMEOUT_MS; a reply saying "allow": true exits
+ *     0. Everything else execs the Python prolog with MEDIC_LAUNCH_STARTED (the start, in
+ *     seconds) and either MEDIC_LAUNCH_REPLY (the reply: a refusal it acts on, or the stale
+ *     checks, which it asks the daemon to run within what is left of the budget) or
+ *     MEDIC_LAUNCH_NOREPLY (why there was none: it judges inline with what is left).
+ *
+ *     Why the front knows no budget: it cannot read medic.toml (no TOML parser here, and none
+ *     wanted), slurmd gives a prolog no environment of ours, and a file the daemon writes
+ *     would be one more thing to go stale. A fresh-only question needs no budget: a working
+ *     daemon answers it in about a millisecond, so a fixed wait no longer than the smallest
+ *     budget allowed (0.5 s) is enough, and the Python prolog, which reads the one key,
+ *     spends the budget from the front's start.
  *   Epilog (SLURM_SCRIPT_CONTEXT=epilog_slurmd):
  *     tell the daemon the job ended ({"op": "job_end"}) and exit 0, as the Python epilog does.
  *
@@ -24,6 +34,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef MEDIC_SOCKET_DEFAULT
@@ -33,10 +44,10 @@
 #error "build with -DMEDIC_PROLOG=\"/path/to/medic-prolog\" (python -m slurm_hooks.native.build)"
 #endif
 
-/* The daemon answers from fresh results in milliseconds; with stale ones it runs the launch
- * tier within FAST_BUDGET seconds. Past REPLY_TIMEOUT the Python prolog takes over. */
-#define FAST_BUDGET "2.0"
-#define REPLY_TIMEOUT_S 3
+/* The prolog's fresh-only question is answered in about a millisecond; past this the daemon
+ * is hung or swamped and the Python prolog judges inline. Not above the smallest
+ * `[hooks] launch_budget` (0.5 s). The Epilog's job_end is answered at once too. */
+#define QUESTION_TIMEOUT_MS 500
 #define REPLY_MAX 65536
 
 static int digits_only(const char *s)
@@ -54,7 +65,8 @@ static int digits_only(const char *s)
 static int ask(const char *path, const char *request, char *reply, size_t cap, const char **why)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    struct timeval tv = {.tv_sec = REPLY_TIMEOUT_S};
+    struct timeval tv = {.tv_sec = QUESTION_TIMEOUT_MS / 1000,
+                         .tv_usec = (QUESTION_TIMEOUT_MS % 1000) * 1000};
     size_t len = strlen(request), got = 0;
     int fd;
 
@@ -79,7 +91,12 @@ static int ask(const char *path, const char *request, char *reply, size_t cap, c
     while (got < cap - 1) {
         ssize_t n = read(fd, reply + got, cap - 1 - got);
         if (n <= 0) {
-            *why = n == 0 ? "the daemon closed the connection" : strerror(errno);
+            if (n == 0)
+                *why = "the daemon closed the connection";
+            else if (errno == EAGAIN || errno == EWOULDBLOCK)
+                *why = "no answer to the front's question within its fixed wait";
+            else
+                *why = strerror(errno);
             close(fd);
             return -1;
         }
@@ -110,18 +127,26 @@ static int epilog(const char *path, const char *job)
 static int prolog(const char *path, const char *job, char **argv)
 {
     static char reply[REPLY_MAX];
-    char request[160];
+    char request[160], started[48];
     const char *why = "";
+    struct timespec now;
 
+    /* First: the launch budget counts from here. */
+    if (clock_gettime(CLOCK_MONOTONIC, &now) == 0) {
+        snprintf(started, sizeof started, "%lld.%09ld", (long long)now.tv_sec, now.tv_nsec);
+        setenv("MEDIC_LAUNCH_STARTED", started, 1);
+    }
     if (digits_only(job)) {
         snprintf(request, sizeof request,
-                 "{\"op\": \"launch\", \"budget\": " FAST_BUDGET ", \"job_id\": \"%s\"}\n", job);
+                 "{\"op\": \"launch\", \"fresh_only\": true, \"job_id\": \"%s\"}\n", job);
         if (ask(path, request, reply, sizeof reply, &why) >= 0) {
             /* The daemon writes json.dumps(reply): the key and value exactly like this. */
             if (strstr(reply, "\"allow\": true"))
                 return 0;
             *strchr(reply, '\n') = '\0';
             setenv("MEDIC_LAUNCH_REPLY", reply, 1);
+        } else {
+            setenv("MEDIC_LAUNCH_NOREPLY", why, 1);
         }
     }
     argv[0] = (char *)MEDIC_PROLOG;
