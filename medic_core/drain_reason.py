@@ -60,7 +60,26 @@ def format_reason(fault_class: str, where: str = "", evidence: str = "") -> str:
 
 
 def is_medic_reason(reason: str | None) -> bool:
+    """Medic's own drain, judged on the reason as Slurm stores it (see as_slurm_stores)."""
     return bool(reason) and str(reason).startswith(PREFIX)
+
+
+def as_slurm_stores(reason: str) -> str:
+    """The reason slurmctld keeps for `scontrol update ... reason=<reason>`: scontrol drops
+    one leading and one trailing double quote (each on its own), so `"medic: x"` typed
+    with its quotes is stored as `medic: x`."""
+    if reason.startswith('"'):
+        reason = reason[1:]
+    if reason.endswith('"'):
+        reason = reason[:-1]
+    return reason
+
+
+def claims_medic_prefix(reason: str) -> bool:
+    """An admin's reason that Slurm would store as (or that reads like) one of Medic's:
+    after quotes and whitespace on the left, it starts with `medic:` in any case. Medic
+    resumes its own drains by itself, so nobody else may write one."""
+    return as_slurm_stores(reason).lstrip(" \t\n\"'").lower().startswith(PREFIX.strip())
 
 
 def parse_reason(reason: str | None) -> MedicReason | None:
