@@ -9,7 +9,10 @@ busy timeout, instead of failing at its first write after reading under a shared
 
 from __future__ import annotations
 
+import logging
+import os
 import sqlite3
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError
+
+log = logging.getLogger("medic.store")
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 PG_CONNECT_TIMEOUT_S = 10
@@ -117,17 +122,49 @@ def _sqlite_begin(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if mode == "IMMEDIATE" else "BEGIN")
 
 
+# The store holds RMA tickets, events and evidence: root only. Every reader and writer is
+# root (the daemon, the CLI, and the hooks under SlurmdUser=root), so no group is needed.
+SQLITE_DIR_MODE = 0o700
+SQLITE_FILE_MODE = 0o600
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def _private_sqlite_file(path: Path) -> None:
+    """Create `path` empty with mode 0600 before SQLite opens it (SQLite would create it
+    0644, and gives its -wal and -shm the database file's mode), and tighten an existing
+    database and side files to 0600. Never follows a symlink or opens a FIFO."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    for name, create in ((path, True), *((Path(f"{path}{s}"), False) for s in SQLITE_SIDE_FILES)):
+        try:
+            fd = os.open(name, flags | (os.O_CREAT if create else 0), SQLITE_FILE_MODE)
+        except FileNotFoundError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StoreError(f"store {name}: not a regular file; remove it or move the store")
+            if stat.S_IMODE(st.st_mode) & 0o077:
+                try:
+                    os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o077)
+                except OSError as exc:  # a read-only filesystem: readable is all we need
+                    log.warning("store %s: mode %o kept: %s", name, st.st_mode & 0o777, exc)
+        finally:
+            os.close(fd)
+
+
 def make_engine(url: URL) -> Engine:
-    """An engine for a URL that `parse_url` accepted."""
+    """An engine for a URL that `parse_url` accepted. A SQLite database is created 0600 in a
+    directory Medic creates 0700; an existing directory keeps its mode."""
     if url.get_backend_name() == "sqlite":
         assert url.database
         path = Path(url.database)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=SQLITE_DIR_MODE, parents=True, exist_ok=True)
+            _private_sqlite_file(path)
         except OSError as exc:
             raise StoreError(
-                f"store {describe(url)}: cannot create {path.parent}: {exc.strerror}; "
-                "create it or point [store] url elsewhere"
+                f"store {describe(url)}: cannot create {path.parent} or {path.name} there:"
+                f" {exc.strerror or exc}; create it or point [store] url elsewhere"
             ) from exc
         engine = create_engine(url)
         event.listen(engine, "connect", _sqlite_connect)
