@@ -617,7 +617,8 @@ def resume(name: str, reason: str, force: bool, store_url: str | None,
             f"remediation episode #{episode.id} ({episode.state}, rung "
             f"{rung_name(episode.rung)}) is repairing {name}",
             "resuming now would put jobs on a node in the middle of a repair",
-            "wait for it (medic node show), pause remediation, or --force",
+            f"wait for it (medic node show), close it (medic episode close {episode.id}"
+            " --reason TEXT), or --force",
         )
     _slurm_action("resume", name, lambda: slurm_client(config).resume(name))
     _record(config, store_url, name, "resume", reason,

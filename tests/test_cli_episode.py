@@ -246,6 +246,21 @@ def test_close_then_lemon_count(db: tuple[Store, list[str]], slurm: FakeSlurm) -
     assert not ladder.lemon_score().is_lemon
 
 
+def test_resume_refused_by_a_stuck_episode_says_how_to_close_it(
+    db: tuple[Store, list[str]], slurm: FakeSlurm
+) -> None:
+    store, conf = db
+    slurm.add("n4", "IDLE", ("DRAIN",), "medic: gpu.xid.48 gpu1")
+    stuck = opened(store, "n4", ep.PAUSED)
+    refused = run(node, "resume", "n4", "--reason", "done", *conf)
+    assert refused.exit_code == 1
+    assert f"close it (medic episode close {stuck.id} --reason TEXT)" in refused.stderr
+    assert run(episode, "close", str(stuck.id), "--reason", "done by hand", *conf).exit_code == 0
+    resumed = run(node, "resume", "n4", "--reason", "done", *conf)
+    assert resumed.exit_code == 0, resumed.output
+    assert slurm.calls == ["resume n4"]
+
+
 def test_list_shows_what_waits_and_all_shows_everything(
     db: tuple[Store, list[str]], slurm: FakeSlurm
 ) -> None:
