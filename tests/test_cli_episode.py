@@ -395,3 +395,50 @@ def test_jobs_shows_the_newest_action_a_requeue_after_a_gate(
                   fault_class="", target="job:41", severity=Severity.INFO, message="",
                   evidence={"allow": False}, source="prolog")  # fmt: skip
     assert cli.admin.newest_action([later, *store.events(node="n2")]) is later
+
+
+class QuietHost:
+    """The ladder's host for one tick: an idle node whose repairs work."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def boot_id(self) -> str:
+        return "boot-1"
+
+    def jobs_running(self) -> bool:
+        return False
+
+    def gpu_busy(self, gpu: int) -> bool:
+        return False
+
+    def after_repair(self, gpu: int | None, before: float) -> None:
+        pass
+
+    def verify(self, extra_checks: Any) -> list[Any]:
+        return []
+
+    def event(self, message: str, *, severity: str, fault_class: str, target: str) -> None:
+        self.events.append(message)
+
+    def open_rma(self, episode: ep.Episode, why: str) -> int | None:
+        raise AssertionError("no RMA expected")
+
+
+def test_after_a_retry_the_ladder_tries_the_rung_again(
+    db: tuple[Store, list[str]], slurm: FakeSlurm
+) -> None:
+    store, conf = db
+    slurm.add("n9", "IDLE", ("DRAIN",), "medic: gpu.xid.79 gpu2")
+    episodes = ep.EpisodeStore(store)
+    settings = RemediationSettings(gpu_reset=("true",), attempts={"gpu_reset": 2})
+    ladder = Ladder("n9", episodes, slurm, QuietHost(), settings)  # type: ignore[arg-type]
+    e = opened(store, "n9", ep.NEEDS_HUMAN, rung=1, attempts={"1": 2})
+    assert ladder.tick() is None  # needs_human: nothing for the ladder to do
+    assert episodes.steps(e.id) == []
+
+    assert run(episode, "retry", str(e.id), *conf).exit_code == 0
+    ladder.tick()
+    [step] = episodes.steps(e.id)
+    assert (step.action, step.attempt, step.state) == ("gpu_reset", 1, "done")
+    assert episodes.get(e.id).attempts_at(1) == 1  # type: ignore[union-attr]
