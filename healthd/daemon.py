@@ -592,17 +592,31 @@ class HealthDaemon:
             }
         return {"error": f"unknown op {op!r}: use one of {', '.join(SOCKET_OPS)}"}
 
-    def serve(self, socket_path: Path) -> socketserver.ThreadingUnixStreamServer:
+    def serve(self, socket_path: Path) -> socketserver.UnixStreamServer:
         daemon = self
 
+        from healthd.metrics import BoundedServerMixIn
+
+        # Hooks, the health check and the CLI: a few at a time. A client must send its
+        # request line within socket_idle seconds of connecting (then the op may take as
+        # long as it needs); one more than socket_max is told "busy" and closed.
+        socket_max, socket_idle = 64, 5.0
+
         class Handler(socketserver.StreamRequestHandler):
-            timeout = 300
+            timeout = socket_idle  # per read or write; the request line also has a deadline
 
             def handle(self) -> None:
                 begin = time.monotonic()
                 op = "invalid"
                 try:
-                    request = json.loads(self.rfile.readline(1 << 20))
+                    line = self.rfile.readline(1 << 20)
+                except OSError:  # idle past socket_idle, or cut off at the deadline
+                    return
+                server.request_read(self.request)  # in: the op may now take its time
+                if not line:  # connected and closed without a word
+                    return
+                try:
+                    request = json.loads(line)
                     op = str(request.get("op")) if isinstance(request, dict) else "invalid"
                     reply = daemon.handle(request)
                 except Exception as exc:  # one bad request must not stop the daemon
@@ -612,15 +626,22 @@ class HealthDaemon:
                 daemon.metrics.socket_requests.labels(op).inc()
                 daemon.metrics.socket_seconds.labels(op).observe(time.monotonic() - begin)
 
+        class Server(BoundedServerMixIn, socketserver.UnixStreamServer):
+            # Its own bound, apart from the metrics endpoint's: a flood there never
+            # reaches the hooks' socket.
+            max_connections = socket_max
+            idle_seconds = socket_idle
+            deadline = socket_idle
+            busy_reply = b'{"error": "busy: too many connections to medic-healthd"}\n'
+
         socket_path.parent.mkdir(parents=True, exist_ok=True)
         socket_path.unlink(missing_ok=True)
         old_umask = os.umask(0o177)  # no window in which the socket is open to everyone
         try:
-            server = socketserver.ThreadingUnixStreamServer(str(socket_path), Handler)
+            server = Server(str(socket_path), Handler)
         finally:
             os.umask(old_umask)
         self._share_socket(socket_path)
-        server.daemon_threads = True
         threading.Thread(target=server.serve_forever, name="socket", daemon=True).start()
         return server
 

@@ -45,7 +45,9 @@ class DaemonSettings:
         3.0, minimum=0.1, maximum=60, doc="seconds before one NVML call counts as hung"
     )
     metrics_port: int = setting(9847, minimum=0, maximum=65535, doc="Prometheus port; 0: off")
-    metrics_address: str = setting("0.0.0.0", doc="address the metrics endpoint binds")
+    metrics_address: str = setting(
+        "127.0.0.1", doc="address the metrics endpoint binds (0.0.0.0: every interface)"
+    )
     socket_group: str = setting(
         "slurm", doc="group allowed on the socket (SlurmUser's); '' for root only"
     )
