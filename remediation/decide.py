@@ -271,12 +271,6 @@ def _jobs(
         elif not facts.requeue_resilient:
             note = f"medic: {node} {what}; requeue_resilient is off"
             out.append(JobDecision(job.job_id, "left", note))
-        elif job.pinned:
-            note = (
-                f"medic: {node} {what}; not requeued: the job asks for {node} (-w), which"
-                " Medic took out of service; resubmit without it"
-            )
-            out.append(JobDecision(job.job_id, "pinned", note))
         elif key not in job.ledger.charged and job.ledger.restarts >= job.budget:
             note = (
                 f"medic: restart budget spent ({job.ledger.restarts}/{job.budget});"
@@ -289,6 +283,8 @@ def _jobs(
                 f"medic: requeued off {node} ({first.fault_class});"
                 f" restart {ledger.restarts}/{job.budget}"
             )
+            if job.pinned:  # -w names the node: it waits until Medic gives the node back
+                note += f"; the job asks for {node} (-w) and waits for it: resubmit without"
             out.append(JobDecision(job.job_id, "requeue", note, ledger, job.slurm_restarts))
     return tuple(out)
 

@@ -87,6 +87,7 @@ def test_squeue_2205_jobs() -> None:
         restart_count=0,
         comment="medic:resilient=3",
         admin_comment="medic: requeued off n4 (gpu.xid.79); restart 1/3",
+        required_nodes="n1",
         partition="gpu",
     )
     assert (jobs["2"].state, jobs["2"].node_names) == ("RUNNING", ["n3"])
