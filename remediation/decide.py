@@ -7,7 +7,7 @@ stores) and a resilient job's restart budget.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -132,6 +132,7 @@ class FaultFacts:
     lemon: str = ""  # why the node is a lemon, "" if not
     enabled: bool = True  # [remediation] enabled
     requeue_resilient: bool = True  # [hooks] requeue_resilient
+    first_rung: Mapping[str, str] = field(default_factory=dict)  # [remediation] first_rung
 
 
 class EpisodeMove(StrEnum):
@@ -219,7 +220,7 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
         why = f"joins episode {facts.handed_over} (handed over)"
     else:
         episode, episode_id = EpisodeMove.OPEN, None
-        rung = first_rung(first.fault_class, rec.value)
+        rung = first_rung(first.fault_class, rec.value, facts.first_rung)
         state, why = WAITING_IDLE, f"starts at {rung.word}" if rung else ""
         if not facts.enabled:
             state, why = NEEDS_HUMAN, "remediation disabled in [remediation] enabled"

@@ -169,6 +169,7 @@ class Ladder:
             lemon=lemon.describe() if lemon.is_lemon else "",
             enabled=self.settings.enabled,
             requeue_resilient=requeue_resilient,
+            first_rung=self.settings.first_rung,
         )
 
     def _record(self, decision: FaultDecision, findings: Sequence[Finding]) -> ep.Episode | None:
