@@ -231,7 +231,7 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
         elif facts.lemon:
             rung, why = Rung.RMA, f"lemon node: {facts.lemon}"
         if owner == "other":
-            state, why = NEEDS_HUMAN, f"drained by someone else ({facts.slurm.reason}): theirs"
+            state, why = NEEDS_HUMAN, f"drained by someone else ({facts.slurm.reason}): kept"
         elif capped:
             state, why = WAITING_CAP, facts.rails.cap
         elif state in (WAITING_IDLE, VERIFYING) and (facts.rails.paused or facts.rails.signature):
@@ -287,7 +287,15 @@ def _jobs(
             if job.pinned:  # -w names the node: it waits until Medic gives the node back
                 note += f"; the job asks for {node} (-w) and waits for it: resubmit without"
             out.append(JobDecision(job.job_id, "requeue", note, ledger, job.slurm_restarts))
-    return tuple(out)
+    # Every note replaces the job's AdminComment (carry_out): one that is not a requeue
+    # carries the ledger too, or the restarts charged so far are forgotten and spent again.
+    ledgers = {job.job_id: job.ledger for job in facts.jobs}
+    return tuple(
+        d
+        if d.action == "requeue" or ledgers[d.job_id] == Ledger()
+        else JobDecision(d.job_id, d.action, f"{d.note} {ledgers[d.job_id].text()}")
+        for d in out
+    )
 
 
 def cap_reason(
