@@ -8,11 +8,12 @@ Medic's drain Slurm drains the node itself, reason "Prolog error")."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from healthd.inline import run_inline
 from medic_core.config import MedicConfig
@@ -24,16 +25,30 @@ from slurm_hooks.actions import record_gate, refuse_launch
 ACTIONS_GRACE = 0.3  # seconds past the deadline for recording and the refusal's actions
 
 
-def finish_by(deadline: float, what: str, work: Callable[[], None]) -> bool:
-    """Run `work` in a daemon thread and wait for it until `deadline` (monotonic); False
-    (and one line on stderr) when it is still going then: the process may exit without it."""
-    thread = threading.Thread(target=work, name=f"prolog-{what}", daemon=True)
-    thread.start()
-    thread.join(max(0.0, deadline - time.monotonic()))
-    if thread.is_alive():
+def finish_by(deadline: float, work: dict[str, Callable[[], None]]) -> list[str]:
+    """Run each piece of `work` in its own daemon thread, all at once, and wait for them
+    until `deadline` (monotonic); returns what is still going then (one line on stderr
+    each): the process may not wait for it."""
+    threads = {
+        what: threading.Thread(target=call, name=f"prolog-{what}", daemon=True)
+        for what, call in work.items()
+    }
+    for thread in threads.values():
+        thread.start()
+    for thread in threads.values():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = [what for what, thread in threads.items() if thread.is_alive()]
+    for what in left:
         print(f"medic-prolog: {what} still going at the launch deadline; left", file=sys.stderr)
-        return False
-    return True
+    return left
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process at once: interpreter shutdown would wait for (or finalise under) the
+    threads left behind, an import of SQLAlchemy among them."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def gate_slow_path(
@@ -43,25 +58,28 @@ def gate_slow_path(
     reply: dict[str, Any],
     deadline: float,
 ) -> int:
-    actions_by = deadline + ACTIONS_GRACE
+    work: dict[str, Callable[[], None]] = {}
     if reply.get("allow") is None:  # no daemon: judge here, and record it ourselves
         inline = run_inline(config, deadline - time.monotonic())
         note = "; ".join(n for n in (str(reply.get("note", "")), inline.note) if n)
         verdict = Verdict(inline.status, inline.findings, "inline", inline.seconds, note)
         decision = decide(verdict, settings)
-        finish_by(actions_by, "recording", lambda: record_gate(config, job_id, verdict, decision))
+        work["recording"] = lambda: record_gate(config, job_id, verdict, decision)
     else:  # the daemon decided (and recorded) a refusal
         verdict = Verdict.from_reply(reply, "healthd", float(reply.get("seconds", 0.0)))
         decision = decide(verdict, settings)
-    if decision.allow:
-        return 0
     messages: list[str] = []
-    finish_by(
-        actions_by,
-        "the refusal's drain",
-        lambda: messages.append(refuse_launch(config, settings, job_id, decision)),
-    )
-    why = decision.first.message if decision.first else decision.why
-    message = messages[0] if messages else f"{config.node_name} refused job {job_id}: {why}"
-    print(f"medic-prolog: {message}", file=sys.stderr)
-    return 1
+    if not decision.allow:
+        work["the refusal's drain"] = lambda: messages.append(
+            refuse_launch(config, settings, job_id, decision)
+        )
+    left = finish_by(deadline + ACTIONS_GRACE, work) if work else []
+    code = 0
+    if not decision.allow:
+        why = decision.first.message if decision.first else decision.why
+        message = messages[0] if messages else f"{config.node_name} refused job {job_id}: {why}"
+        print(f"medic-prolog: {message}", file=sys.stderr)
+        code = 1
+    if left:
+        exit_now(code)
+    return code
