@@ -116,6 +116,19 @@ def test_hooks_launch_budget_is_the_one_key_and_healthd_s_is_a_deprecated_alias(
     assert DaemonSettings.from_config(clean).launch_budget == 3.0
 
 
+def test_config_check_warns_about_the_deprecated_key_and_passes(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cli.admin import config
+
+    path = write_config(tmp_path, "", "launch_budget = 7.0")
+    done = CliRunner().invoke(config, ["check", "--config", str(path)])
+    assert done.exit_code == 0, done.output
+    assert "warning: [healthd] launch_budget is deprecated" in done.output
+    clean = CliRunner().invoke(config, ["check", "--config", str(write_config(tmp_path, ""))])
+    assert clean.exit_code == 0 and "deprecated" not in clean.output
+
+
 # --- the prolog against a daemon hung past the budget -------------------------------------------
 
 
