@@ -216,8 +216,11 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
         episode, episode_id, state, rung = EpisodeMove.JOIN, facts.open_episode, "", None
         why = f"joins episode {facts.open_episode}"
     elif facts.handed_over is not None:
-        episode, episode_id, state, rung = EpisodeMove.JOIN, facts.handed_over, "", None
+        # The same fault reported twice (a sweep and the node's daemon): the first
+        # report's job actions stand; the drain is decided again from what Slurm shows
+        # (already Medic's, past the cap, or put back in service by a human meanwhile).
         why = f"joins episode {facts.handed_over} (handed over)"
+        return FaultDecision(drain, reason, why, EpisodeMove.JOIN, facts.handed_over)
     else:
         episode, episode_id = EpisodeMove.OPEN, None
         rung = first_rung(first.fault_class, rec.value, facts.first_rung)

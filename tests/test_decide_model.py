@@ -663,7 +663,9 @@ class FleetModel(RuleBasedStateMachine):
     def drain_cap_holds(self) -> None:
         for node, others, cap in self.slurm.medic_drains:
             assert others < cap, f"Medic drained {node} with {others} held (cap {cap})"
-        rma = {t.node for t in self.tickets if t.open}
+        # RMA nodes (ticket open, or closed and not yet re-qualified) are kept out
+        # whatever the cap says: the keep-out drains them past it.
+        rma = {t.node for t in self.tickets if t.open or not t.requalified}
         held = self.held_by_medic() - rma
         assert len(held) <= self.cap, f"{sorted(held)} held by Medic, cap {self.cap}"
 

@@ -204,8 +204,11 @@ def test_faults_everywhere_respect_the_cap_and_pause(lab: Lab, store: Store) -> 
         if "DRAIN" in n["state_flags"] and n["reason"].startswith("medic:")
     ]
     assert len(drained) <= 1  # 10 % of 5 nodes, at least 1
-    paused = [e for e in episodes.find() if e.state in (ep.PAUSED, ep.NEEDS_HUMAN)]
-    assert len(paused) >= len(names) - 1
+    # Past the cap an episode waits for it (undrained); within it, repairs are paused.
+    held = [e for e in episodes.find() if e.state in (ep.PAUSED, ep.WAITING_CAP)]
+    assert len(held) >= len(names) - 1
+    capped = [e for e in episodes.find() if e.state == ep.WAITING_CAP]
+    assert len(capped) >= len(names) - 1
     events = [e for e in store.events(kind="remediation") if "AUTOMATION PAUSED" in e.message]
     assert events
 
@@ -372,9 +375,17 @@ def test_the_same_fault_reported_twice_joins_the_episode_it_closed(lab: Lab, sto
     ladder, _ = _ladder(lab, store, "n5", enabled=False)  # every episode goes to a human
     first = ladder.admit([XID_95])
     assert first.episode is not None and first.episode.state == ep.NEEDS_HUMAN and first.drain
-    again = ladder.admit([XID_95])
+    assert first.decision is not None
+    lab.slurm(
+        ["scontrol", "update", "nodename=n5", "state=drain", f"reason={first.decision.reason}"]
+    )
+    try:
+        again = ladder.admit([XID_95])
+    finally:
+        lab.slurm(["scontrol", "update", "nodename=n5", "state=resume"])
     assert again.episode is not None and again.episode.id == first.episode.id
-    assert not again.drain  # what the first report decided stands
+    assert not again.drain  # the first report's drain stands: no second one
+    assert again.decision is not None and again.decision.jobs == ()
     other = Finding("gpu_ecc", Status.CRITICAL, "gpu.ecc.dbe", "1", "DBE", Recommendation.GPU_RESET)
     different = ladder.admit([other])
     assert different.episode is not None and different.episode.id != first.episode.id
