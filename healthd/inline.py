@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 
 from healthd.checks import load_check_configs
-from healthd.checks.base import CheckContext, Result, Tier
+from healthd.checks.base import CheckContext, Tier
 from healthd.nvml_client import NvmlError, NvmlUnavailable, PynvmlClient
+from healthd.results import finding_of
 from healthd.runner import Runner
 from medic_core.config import MedicConfig
 from medic_core.settings import DaemonSettings
@@ -65,21 +66,5 @@ def run_inline(config: MedicConfig, budget: float) -> Verdict:
     finally:
         if client is not None:
             client.close()
-    findings = [_finding(r) for r in report.results]
+    findings = [finding_of(r) for r in report.results]
     return Verdict.of(findings, "inline", time.monotonic() - started)
-
-
-def _finding(result: Result) -> Finding:
-    """healthd.results.finding_of without importing it: it imports the store's models, and
-    SQLAlchemy's import alone can take most of a small launch budget."""
-    return Finding.from_json(
-        {
-            "check": result.check,
-            "status": result.status.value,
-            "fault_class": result.fault_class,
-            "target": result.target,
-            "message": result.message,
-            "remediation": result.remediation.value if result.remediation else None,
-            "evidence": result.evidence,
-        }
-    )

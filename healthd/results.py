@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from healthd.checks.base import Result, Status
-from medic_core.store.models import Severity
+from medic_core.status import Severity
 from medic_core.vocabulary import Finding
 
 SEVERITY_OF = {

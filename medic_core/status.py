@@ -30,3 +30,11 @@ _SEVERITY = {
 
 def worst(statuses: Iterable[Status]) -> Status:
     return max(statuses, key=lambda s: s.severity, default=Status.NOT_APPLICABLE)
+
+
+class Severity(StrEnum):
+    """An event's severity."""
+
+    INFO = "INFO"
+    WARN = "WARN"
+    CRITICAL = "CRITICAL"

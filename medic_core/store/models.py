@@ -12,7 +12,6 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -34,6 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from medic_core.status import Severity as Severity
 from medic_core.status import Status as Status
 
 # Deterministic constraint and index names, so later migrations can name what they alter.
@@ -50,14 +50,6 @@ NODE_LEN = 255
 NAME_LEN = 128  # condition type, event kind, fault class, source
 TARGET_LEN = 255
 STATUS_LEN = 16
-
-
-class Severity(StrEnum):
-    """An event's severity."""
-
-    INFO = "INFO"
-    WARN = "WARN"
-    CRITICAL = "CRITICAL"
 
 
 def utc(value: datetime, what: str = "time") -> datetime:
