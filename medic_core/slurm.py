@@ -305,10 +305,16 @@ def _records(
 
 
 def _node_legacy(raw: Mapping[str, Any]) -> NodeInfo:
+    state = _text(raw.get("state") or "unknown").upper()
+    return _node(raw, state, frozenset(_words(raw.get("state_flags"))))
+
+
+def _node(raw: Mapping[str, Any], state: str, flags: frozenset[str]) -> NodeInfo:
+    """The fields every layout spells the same; `state` and `flags` as the layout has them."""
     return NodeInfo(
         name=_name(raw["name"]),
-        state=_text(raw.get("state") or "unknown").upper(),
-        flags=frozenset(_words(raw.get("state_flags"))),
+        state=state,
+        flags=flags,
         reason=_text(raw.get("reason")),
         reason_user=_text(raw.get("reason_set_by_user")),
         partitions=_texts(raw.get("partitions")),
@@ -337,18 +343,7 @@ def _texts(value: Any) -> tuple[str, ...]:
 def _node_flag_list(raw: Mapping[str, Any]) -> NodeInfo:
     words = _words(raw.get("state"))
     base = next((w for w in words if w in NODE_BASE_STATES), "UNKNOWN")
-    return NodeInfo(
-        name=_name(raw["name"]),
-        state=base,
-        flags=frozenset(w for w in words if w != base),
-        reason=_text(raw.get("reason")),
-        reason_user=_text(raw.get("reason_set_by_user")),
-        partitions=_texts(raw.get("partitions")),
-        reason_time=_number(raw.get("reason_changed_at")),
-        gres=_text(raw.get("gres")),
-        gres_used=_text(raw.get("gres_used")),
-        boot_time=_number(raw.get("boot_time")),
-    )
+    return _node(raw, base, frozenset(w for w in words if w != base))
 
 
 def _job_state(words: list[str]) -> tuple[str, frozenset[str]]:
