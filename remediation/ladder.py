@@ -35,7 +35,7 @@ from medic_core.drain_reason import (
     parse_reason,
 )
 from medic_core.settings import RemediationSettings
-from medic_core.slurm import SlurmClient, SlurmError
+from medic_core.slurm import NodeInfo, SlurmClient, SlurmError
 from medic_core.status import Status
 from medic_core.vocabulary import Finding
 from remediation import episodes as ep
@@ -139,11 +139,14 @@ class Ladder:
         first = primary(findings)
         current = self.store.open_for(self.node)
         handed = None if current is not None else self._just_handed_over(first)
+        # One read of Slurm's node table for the node, the cap and the signature (22.05
+        # has no one-node JSON read: `node()` reads the whole table anyway).
         try:
-            info = self.slurm.node(self.node)
+            nodes: list[NodeInfo] | None = self.slurm.nodes()
         except SlurmError as exc:
             log.warning("%s: cannot read Slurm: %s", self.node, exc)
-            info = None
+            nodes = None
+        info = next((n for n in nodes or () if n.name == self.node), None)
         slurm = (
             NodeFacts(True, info.drained, info.down, info.reason)
             if info is not None
@@ -159,10 +162,10 @@ class Ladder:
                 paused=f"remediation paused by {control.actor}: {control.reason}"
                 if control.paused
                 else "",
-                cap=self._over_cap(),
+                cap=self._over_cap(nodes),
                 signature=""
                 if current is not None or handed is not None
-                else self._fleet_signature(first.fault_class),
+                else self._fleet_signature(first.fault_class, nodes or []),
             ),
             open_episode=current.id if current is not None else None,
             handed_over=handed.id if handed is not None else None,
@@ -223,11 +226,13 @@ class Ladder:
                 episode.id, state=ep.NEEDS_HUMAN, message=f"{episode.message}; {outcome}"
             )
 
-    def _over_cap(self) -> str:
-        try:
-            nodes = self.slurm.nodes()
-        except SlurmError as exc:
-            return f"cannot read Slurm to apply the drain cap: {exc}"
+    def _over_cap(self, nodes: Sequence[NodeInfo] | None = None) -> str:
+        """`nodes`: Slurm's node table if the caller has read it (None: read it here)."""
+        if nodes is None:
+            try:
+                nodes = self.slurm.nodes()
+            except SlurmError as exc:
+                return f"cannot read Slurm to apply the drain cap: {exc}"
         # Episodes admitted a moment ago whose drain Slurm does not show yet count too:
         # admission runs under the store's lock, so this is never a race.
         pending = {e.node for e in self.store.find(states=ep.DRAINING_STATES)}
@@ -235,7 +240,7 @@ class Ladder:
             nodes, self.node, self.settings.max_drained_share, self.settings.min_drained, pending
         )
 
-    def _fleet_signature(self, fault_class: str) -> str:
+    def _fleet_signature(self, fault_class: str, slurm_nodes: Sequence[NodeInfo]) -> str:
         """The same fault class on fleet_signature_nodes nodes within the window, counted
         from Medic's drains that Slurm shows (every node can read them, whatever the store)
         and the store's episodes; never from before the last resume of the pause, so a
@@ -246,10 +251,6 @@ class Ladder:
             since = control.since
         recent = self.store.find(since=since)
         nodes = {e.node for e in recent if e.fault_class == fault_class} | {self.node}
-        try:
-            slurm_nodes = self.slurm.nodes()
-        except SlurmError:
-            slurm_nodes = []
         for n in slurm_nodes:
             theirs = parse_reason(n.reason) if (n.drained or n.down) else None
             at = dt.datetime.fromtimestamp(n.reason_time, dt.UTC) if n.reason_time else None
