@@ -751,7 +751,6 @@ def fault_responder(daemon: HealthDaemon) -> Callable[[list[Result]], None]:
                 findings, jobs, requeue_resilient=settings.requeue_resilient
             )
             decision = admission.decision
-            assert decision is not None
 
             def make_eligible(job_id: str, restarts: int) -> None:
                 start_releaser(daemon.config, job_id, restarts)

@@ -82,10 +82,18 @@ class LadderHost(Protocol):
 
 @dataclass(frozen=True)
 class Admission:
-    drain: bool  # go ahead and drain
+    """The decision core's answer to a fault, and the episode it opened or joined."""
+
+    decision: FaultDecision
     episode: ep.Episode | None
-    why: str
-    decision: FaultDecision | None = None
+
+    @property
+    def drain(self) -> bool:
+        return self.decision.drain
+
+    @property
+    def why(self) -> str:
+        return self.decision.why
 
 
 class Ladder:
@@ -127,7 +135,7 @@ class Ladder:
                 decision.drain,
                 decision.why,
             )
-            return Admission(decision.drain, episode, decision.why, decision)
+            return Admission(decision, episode)
 
     def fault_facts(
         self,

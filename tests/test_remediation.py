@@ -375,7 +375,6 @@ def test_the_same_fault_reported_twice_joins_the_episode_it_closed(lab: Lab, sto
     ladder, _ = _ladder(lab, store, "n5", enabled=False)  # every episode goes to a human
     first = ladder.admit([XID_95])
     assert first.episode is not None and first.episode.state == ep.NEEDS_HUMAN and first.drain
-    assert first.decision is not None
     lab.slurm(
         ["scontrol", "update", "nodename=n5", "state=drain", f"reason={first.decision.reason}"]
     )
@@ -385,7 +384,7 @@ def test_the_same_fault_reported_twice_joins_the_episode_it_closed(lab: Lab, sto
         lab.slurm(["scontrol", "update", "nodename=n5", "state=resume"])
     assert again.episode is not None and again.episode.id == first.episode.id
     assert not again.drain  # the first report's drain stands: no second one
-    assert again.decision is not None and again.decision.jobs == ()
+    assert again.decision.jobs == ()
     other = Finding("gpu_ecc", Status.CRITICAL, "gpu.ecc.dbe", "1", "DBE", Recommendation.GPU_RESET)
     different = ladder.admit([other])
     assert different.episode is not None and different.episode.id != first.episode.id
