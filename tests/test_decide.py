@@ -4,6 +4,8 @@ that it decides: each builds the facts of the lab's scenario and checks the deci
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from medic_core.drain_reason import as_slurm_stores, claims_medic_prefix
 from medic_core.slurm import NodeInfo
@@ -209,3 +211,32 @@ def test_medic_resumes_its_own_drain_unless_a_ticket_or_another_episode_holds_it
     assert not decide_resume(MEDIC_DRAINED, open_episode=3, resolving=2).resume
     assert decide_resume(MEDIC_DRAINED, open_episode=3, resolving=3).resume
     assert not decide_resume(IN_SERVICE).resume
+
+
+# --- hostile or odd input, failing dependencies ----------------------------------------------
+
+
+@given(st.text())
+def test_a_ledger_is_read_from_any_admin_comment_without_raising(comment: str) -> None:
+    ledger = Ledger.parse(comment)
+    assert 0 <= ledger.restarts <= 10_000
+    assert Ledger.parse(f"{comment} {ledger.text()}") == ledger
+
+
+@given(st.integers(0, 3), st.lists(st.text(min_size=1).filter(lambda k: "," not in k)))
+def test_a_ledger_survives_its_own_text(restarts: int, keys: list[str]) -> None:
+    keys = [k for k in keys if not any(c.isspace() or c == ";" for c in k)]
+    ledger = Ledger(restarts, tuple(keys[-8:]))
+    assert Ledger.parse(f"medic: requeued off n1; {ledger.text()}") == ledger
+
+
+def test_slurm_unreadable_means_no_drain_and_no_requeue_the_episode_waits() -> None:
+    """Slurm down at admission: Ladder.fault_facts gives an unknown node and a cap reason
+    ("cannot read Slurm to apply the drain cap"); nothing is drained or requeued and the
+    episode waits for the cap, which the ladder re-reads every tick."""
+    cap = "cannot read Slurm to apply the drain cap: scontrol timed out after 15s"
+    facts = FaultFacts("n1", NodeFacts(known=False), (resilient(),), Rails(cap=cap))
+    d = decide_fault([XID79], facts)
+    assert not d.drain
+    assert d.requeued == ()
+    assert d.state == WAITING_CAP and "cannot read Slurm" in d.why
