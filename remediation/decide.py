@@ -183,11 +183,12 @@ def primary(findings: Sequence[Finding]) -> Finding:
 RECOMMENDATION_WEIGHT = {r: i for i, r in enumerate(Recommendation)}
 
 
-def fault_key(node: str, episode_id: int | None, finding: Finding) -> str:
-    """One fault, however many findings report it: the episode when there is one."""
-    if episode_id is not None:
-        return f"{node}#{episode_id}"
-    return f"{node}:{finding.fault_class}:{finding.target}"
+def fault_key(slurm_restarts: int) -> str:
+    """What one charge is for: the job's run, as Slurm counts its runs. Every fault and
+    every node that would restart the same run (two findings of one fault, two nodes of a
+    multi-node job) charge it once; the run after a requeue is a new one, so a fault that
+    recurs there is charged again."""
+    return f"run{slurm_restarts}"
 
 
 def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecision:
@@ -198,7 +199,7 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
     reason = format_reason(first.fault_class or first.check, first.target, first.message)
     if rec is Recommendation.RESTART_APP and first.status is not Status.CRITICAL:
         # The application must restart; the node is fine: requeue, no drain, no episode.
-        restarts = _jobs(facts, first, reason, episode_id=None, keep_running=False)
+        restarts = _jobs(facts, first, reason, keep_running=False)
         return FaultDecision(
             False, reason, "restart the application", EpisodeMove.NONE, jobs=restarts
         )
@@ -241,7 +242,7 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
             state, why = PAUSED, facts.rails.signature or facts.rails.paused
     jobs: tuple[JobDecision, ...] = ()
     if not when_idle:
-        jobs = _jobs(facts, first, reason, episode_id, keep_running=not out)
+        jobs = _jobs(facts, first, reason, keep_running=not out)
     return FaultDecision(
         drain=drain,
         reason=reason,
@@ -256,15 +257,15 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
 
 
 def _jobs(
-    facts: FaultFacts, first: Finding, reason: str, episode_id: int | None, keep_running: bool
+    facts: FaultFacts, first: Finding, reason: str, keep_running: bool
 ) -> tuple[JobDecision, ...]:
     node = facts.node
     what = reason.removeprefix("medic: ")
-    key = fault_key(node, episode_id, first)
     out = []
     for job in facts.jobs:
         if job.state not in RUNNING_STATES:
             continue
+        key = fault_key(job.slurm_restarts)
         if job.budget is None or not job.requeue:
             note = f"medic: {node} {what}; not resilient, not requeued"
             out.append(JobDecision(job.job_id, "not_resilient", note))

@@ -112,8 +112,9 @@ def test_one_fault_reported_as_two_findings_charges_once() -> None:
 def test_a_note_that_is_not_a_requeue_keeps_the_ledger_in_the_admin_comment() -> None:
     """Found by the model: carry_out writes every note as the job's AdminComment, so a
     "budget spent" note without the ledger erased it and the next fault requeued again."""
-    spent = Ledger(1, ("n0#1",))
-    d = decide_fault([XID79], FaultFacts("n1", IN_SERVICE, (resilient(budget=1, ledger=spent),)))
+    spent = Ledger(1, ("run0",))
+    run1 = resilient(budget=1, ledger=spent, slurm_restarts=1)  # run 0 spent the budget
+    d = decide_fault([XID79], FaultFacts("n1", IN_SERVICE, (run1,)))
     (job,) = d.jobs
     assert job.action == "budget_spent"
     assert Ledger.parse(job.note) == spent
@@ -122,7 +123,7 @@ def test_a_note_that_is_not_a_requeue_keeps_the_ledger_in_the_admin_comment() ->
         FaultFacts(
             "n1",
             MEDIC_DRAINED,
-            (resilient(budget=1, ledger=Ledger.parse(job.note)),),
+            (resilient(budget=1, ledger=Ledger.parse(job.note), slurm_restarts=1),),
             open_episode=2,
         ),
     )
@@ -134,24 +135,16 @@ XID94 = Finding(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, not fixed: a fault that recurs on the same node and target (a new episode,"
-    " or restart_app again) has the fault key of the first one (node:class:target; the"
-    " episode id is not known when it opens), so a job back on that node is requeued again"
-    " for free, past its budget. Model counter-example (restart_app): fleet n=2, a job with"
-    " budget 2 (1 spent elsewhere) pinned to n00; service.down munge WARN restart_app on n00"
-    " -> requeued 2/2; it restarts on n00; the same finding -> requeued again, ledger still"
-    " 2/2: 3 requeues for a budget of 2. New-episode form: budget 1; gpu.xid.79 gpu0"
-    " gpu_reset -> drained, requeued 1/1; the episode resolves, n00 resumed, the job restarts"
-    " there; the same fault -> requeued again, ledger 1/1.",
-)
 @pytest.mark.parametrize("fault", [XID79, XID94], ids=["new-episode", "restart-app"])
 def test_a_recurring_fault_is_charged_again(fault: Finding) -> None:
+    """Found by the model: the same fault coming back on the same node (a new episode, or
+    restart_app again) was keyed like the first one, so the job's next run was requeued for
+    free past its budget. A charge is per run now: the requeued run is Slurm's run 1."""
     first = decide_fault([fault], FaultFacts("n0", IN_SERVICE, (resilient(budget=1),)))
     (job,) = first.jobs
     assert job.ledger is not None and job.ledger.restarts == 1
-    back = resilient(budget=1, ledger=Ledger.parse(f"{job.note} {job.ledger.text()}"))
+    ledger = Ledger.parse(f"{job.note} {job.ledger.text()}")
+    back = resilient(budget=1, ledger=ledger, slurm_restarts=1)
     second = decide_fault([fault], FaultFacts("n0", IN_SERVICE, (back,)))
     assert second.requeued == ()  # its budget of 1 went to the first fault
 
