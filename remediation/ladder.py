@@ -295,8 +295,11 @@ class Ladder:
         """Move this node's open episode on by what is possible now; safe to call any time,
         in particular right after a restart."""
         episode = self.store.open_for(self.node)
-        if episode is None:
+        # An open RMA ticket keeps the node out whatever its episode waits on (the cap, a
+        # human); only a repair under way (acting, rebooting) is left to finish first.
+        if episode is None or episode.state not in (ep.ACTING, ep.REBOOTING):
             self._keep_rma_out()
+        if episode is None:
             return self._requalify_after_rma()
         if episode.state == ep.WAITING_CAP:
             return self._await_cap(episode)

@@ -215,6 +215,7 @@ class FleetModel(RuleBasedStateMachine):
         self.paused = ""
         self.pause_since = -1e9  # when the pause was last lifted
         self.kept_out: set[str] = set()  # nodes keep-out ran on, unchanged since
+        self.ticked: set[str] = set()  # nodes the ladder ticked on, Slurm unchanged since
         self.next_job = 1
 
     # ---- set-up -----------------------------------------------------------------------
@@ -345,6 +346,7 @@ class FleetModel(RuleBasedStateMachine):
     def touch(self, node: str) -> None:
         self.slurm.changed.add(node)
         self.kept_out.discard(node)
+        self.ticked.discard(node)
 
     # ---- faults -------------------------------------------------------------------------
 
@@ -592,8 +594,10 @@ class FleetModel(RuleBasedStateMachine):
 
     def ladder_tick(self, node: str) -> None:
         ep = self.open_for(node)
-        if ep is None:
+        if ep is None or ep.state not in ("acting", "rebooting"):
             self.keep_rma_out(node)
+        self.ticked.add(node)
+        if ep is None:
             self.requalify_after_rma(node)
             return
         if ep.state == WAITING_CAP:
@@ -678,6 +682,15 @@ class FleetModel(RuleBasedStateMachine):
                 assert not n.schedulable, f"{t.node} schedulable with RMA ticket {t.id}"
 
     @invariant()
+    def rma_nodes_out_after_a_tick(self) -> None:
+        """Whatever the node's episode waits on (the cap, a human), one ladder tick after
+        Slurm last changed leaves a node with an open RMA ticket unschedulable."""
+        for t in self.tickets:
+            if t.open and t.node in self.ticked:
+                n = self.slurm.nodes_[t.node]
+                assert not n.schedulable, f"{t.node} schedulable after a tick, ticket {t.id}"
+
+    @invariant()
     def restart_budget_holds(self) -> None:
         for j in self.slurm.jobs_.values():
             ledger = Ledger.parse(j.admin_comment)
@@ -720,3 +733,31 @@ settings.register_profile("dev", COMMON, max_examples=300)
 
 FleetModel.TestCase.settings = settings.get_profile(os.environ.get("MEDIC_MODEL_PROFILE", "ci"))
 TestFleetModel = FleetModel.TestCase
+
+
+def check_invariants(model: FleetModel) -> None:
+    for name in dir(model):
+        method = getattr(model, name)
+        if getattr(method, "hypothesis_stateful_invariant", None) is not None or name in (
+            "rma_nodes_out_after_a_tick",
+            "rma_nodes_not_schedulable",
+            "drain_cap_holds",
+        ):
+            method()
+
+
+def test_rma_node_with_a_cap_held_fault_is_kept_out() -> None:
+    """The counter-example for the keep-out: a human put an RMA node back in service, a new
+    fault on it waited for the cap, and the node stayed schedulable with its ticket open."""
+    model = FleetModel()
+    model.fleet(n=4, share=0.25, min_drained=1, jobs=[])  # cap 1
+    gpu_fault = (finding("gpu.xid.48", Status.CRITICAL, Recommendation.GPU_RESET),)
+    model.fault(0, gpu_fault, twice=False, requeue_resilient=True)  # n00 drained: cap full
+    model.admin_drains(1, "maintenance", quoted=False)
+    model.rma_opened_by_human(1)
+    model.admin_resumes(1)  # n01 in service with its ticket open
+    model.fault(1, gpu_fault, twice=False, requeue_resilient=True)
+    assert model.open_for("n01") is not None and model.open_for("n01").state == WAITING_CAP
+    model.tick(1)
+    assert not model.slurm.nodes_["n01"].schedulable
+    check_invariants(model)
