@@ -736,14 +736,12 @@ TestFleetModel = FleetModel.TestCase
 
 
 def check_invariants(model: FleetModel) -> None:
-    for name in dir(model):
-        method = getattr(model, name)
-        if getattr(method, "hypothesis_stateful_invariant", None) is not None or name in (
-            "rma_nodes_out_after_a_tick",
-            "rma_nodes_not_schedulable",
-            "drain_cap_holds",
-        ):
-            method()
+    model.medic_resumes_only_its_own_drains()
+    model.drain_cap_holds()
+    model.rma_nodes_not_schedulable()
+    model.rma_nodes_out_after_a_tick()
+    model.restart_budget_holds()
+    model.episodes_name_their_wait()
 
 
 def test_rma_node_with_a_cap_held_fault_is_kept_out() -> None:
@@ -757,7 +755,8 @@ def test_rma_node_with_a_cap_held_fault_is_kept_out() -> None:
     model.rma_opened_by_human(1)
     model.admin_resumes(1)  # n01 in service with its ticket open
     model.fault(1, gpu_fault, twice=False, requeue_resilient=True)
-    assert model.open_for("n01") is not None and model.open_for("n01").state == WAITING_CAP
+    held = model.open_for("n01")
+    assert held is not None and held.state == WAITING_CAP
     model.tick(1)
     assert not model.slurm.nodes_["n01"].schedulable
     check_invariants(model)
