@@ -8,6 +8,7 @@ nothing. Each part of Medic takes its table from the bundle instead of parsing i
 
 from __future__ import annotations
 
+import logging
 import ssl
 import urllib.parse
 from collections.abc import Iterator, Mapping
@@ -17,6 +18,8 @@ from typing import Any
 
 from medic_core.config import ConfigError, MedicConfig
 from medic_core.typed_config import bounds, parse_table, setting
+
+log = logging.getLogger("medic.settings")
 
 GPU_MODES = ("auto", "required", "none")
 PREFIX = "remediation.webhook"
@@ -243,25 +246,42 @@ class SweepSettings:
 class WebhookTable:
     """The `[remediation.webhook]` table as written (checked by parse_check_config)."""
 
-    url: str = setting("", doc="http(s) URL the events are POSTed to (required)")
+    url: str = setting("", doc="https:// URL the events are POSTed to (required)")
     secret: str = setting("", doc="HMAC-SHA256 key; or secret_file")
     secret_file: str = setting("", doc="file holding the key (trailing newline dropped)")
-    timeout: float = setting(10.0, minimum=0.1, maximum=300, doc="seconds per attempt")
+    timeout: float = setting(
+        10.0, minimum=0.1, maximum=300, doc="seconds per attempt in all: connect, TLS, answer"
+    )
     max_attempts: int = setting(5, minimum=1, maximum=50, doc="attempts per delivery round")
     backoff_base: float = setting(1.0, minimum=0, doc="seconds before the first retry")
     backoff_cap: float = setting(60.0, minimum=0, doc="longest wait between two attempts")
     retry_after_max: float = setting(
-        300.0, minimum=0, doc="longest Retry-After waited in place; longer: retried next round"
+        60.0, minimum=0, doc="longest Retry-After the delivery thread waits; longer: a later round"
     )
     ca_file: str = setting("", doc="PEM bundle of the CA(s) to trust instead of the system's")
     verify: bool = setting(True, doc="verify the server's TLS certificate (leave it on)")
+    allow_http: bool = setting(
+        False, doc="accept a plain http:// url (unencrypted; a trusted network only)"
+    )
 
     def problems(self) -> Iterator[tuple[str, str, str]]:
-        parts = urllib.parse.urlsplit(self.url)
+        try:
+            parts = urllib.parse.urlsplit(self.url)
+            hostname, _ = parts.hostname, parts.port  # a bad port raises here
+        except ValueError as exc:
+            yield "url", f"not a URL: {self.url!r} ({exc})", "use https://host[:port]/path"
+            return
         if not self.url:
             yield "url", "missing", "give the receiver's URL, e.g. https://tickets.example/medic"
-        elif parts.scheme not in ("http", "https") or not parts.hostname:
-            yield "url", f"not an http(s) URL: {self.url!r}", "use https://host/path"
+        elif parts.scheme not in ("http", "https") or not hostname:
+            yield "url", f"not an https URL: {self.url!r}", "use https://host[:port]/path"
+        elif parts.scheme == "http" and not self.allow_http:
+            yield (
+                "url",
+                f"{self.url!r} is plain http: the events and their evidence would cross the"
+                " network unencrypted",
+                "use https://, or set allow_http = true for a receiver on a trusted network",
+            )
         if bool(self.secret) == bool(self.secret_file):
             yield (
                 "secret",
@@ -282,9 +302,10 @@ class WebhookSettings:
     max_attempts: int = 5
     backoff_base: float = 1.0
     backoff_cap: float = 60.0
-    retry_after_max: float = 300.0
+    retry_after_max: float = 60.0
     ca_file: Path | None = None
     verify: bool = True
+    allow_http: bool = False
 
     @classmethod
     def from_config(cls, config: MedicConfig) -> WebhookSettings | None:
@@ -328,7 +349,7 @@ class WebhookSettings:
                     f"cannot load {ca_file}: {problem}",
                     "give a readable PEM file of CA certificates",
                 ) from None
-        return cls(
+        settings = cls(
             url=raw.url,
             secret=secret,
             timeout=raw.timeout,
@@ -338,7 +359,16 @@ class WebhookSettings:
             retry_after_max=raw.retry_after_max,
             ca_file=ca_file,
             verify=raw.verify,
+            allow_http=raw.allow_http,
         )
+        if urllib.parse.urlsplit(raw.url).scheme == "http":
+            log.warning(
+                "%s: %s.url is plain http (allow_http = true): events, evidence and signatures"
+                " cross the network unencrypted; use https:// outside a trusted network",
+                source or "<defaults>",
+                PREFIX,
+            )
+        return settings
 
     def ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(

@@ -1,18 +1,32 @@
 """The outbound webhook: RMA ticket events POSTed as JSON to the site's ticketing system.
 
-Each event is signed (`X-Medic-Signature: sha256=<hex HMAC-SHA256 of the body>`), carries a
-delivery id that stays the same across retries (`X-Medic-Delivery`, for the receiver to
-deduplicate), and is retried with exponential backoff and jitter on connection errors,
-timeouts, 5xx and 429 (Retry-After honoured); other 4xx are not retried. TLS certificates are
-verified (a private CA may be given). Events wait in the store's outbox (written with the
-ticket change itself) until `deliver_pending` gets them through. See docs/rma.md.
+Each attempt is signed over its time, its delivery id and its body:
 
-Standard library only: urllib and ssl do all of this in ~100 lines, and every dependency is
-one more thing to patch on every node.
+    X-Medic-Timestamp: <unix seconds>
+    X-Medic-Delivery:  <uuid>, the same on every retry of one event
+    X-Medic-Signature: v1=<hex HMAC-SHA256 of "{timestamp}.{delivery_id}." + body>
+
+so a receiver can refuse a replayed request (a stale timestamp, a delivery id it has already
+handled) as well as a forged one (docs/examples/webhook_receiver.py does all three). Failed
+attempts are retried with exponential backoff and jitter on connection errors, timeouts, 5xx
+and 429 (Retry-After honoured); other 4xx are not retried. `timeout` is a deadline for the
+whole attempt (connect, TLS handshake, request, answer), not for each read: a receiver that
+drips its answer is cut off at the deadline. TLS certificates are verified (a private CA may
+be given); https is required unless `allow_http` says otherwise.
+
+Events wait in the store's outbox (written with the ticket change itself). The daemon's
+ladder thread calls `deliver_pending`, which never waits on the network: it hands the due
+rows to the store's delivery thread (a `Dispatcher`, with a bounded queue) and returns.
+`deliver_round` sends them in the calling thread instead (tests, tools). See docs/rma.md.
+
+Standard library only: http.client and ssl do all of this, and every dependency is one more
+thing to patch on every node.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import datetime as dt
 import email.utils
 import hashlib
@@ -21,12 +35,13 @@ import http.client
 import json
 import logging
 import random
+import socket
 import ssl
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,20 +57,41 @@ from remediation.tickets import OUTBOX_DELIVERED, OUTBOX_FAILED, OUTBOX_PENDING
 log = logging.getLogger("medic.remediation.webhook")
 
 SIGNATURE_HEADER = "X-Medic-Signature"
+TIMESTAMP_HEADER = "X-Medic-Timestamp"
 DELIVERY_HEADER = "X-Medic-Delivery"
 EVENT_HEADER = "X-Medic-Event"
-USER_AGENT = "slurm-medic-webhook/1"
+SIGNATURE_VERSION = "v1"
+USER_AGENT = "slurm-medic-webhook/2"
 ERROR_LEN = 500
+DETAIL_LEN = 300  # bytes of an error answer's body kept in last_error
+RETRY_AFTER_LONGEST = 7 * 86400.0  # a larger (or garbled) Retry-After counts as this
+QUEUE_SIZE = 256  # deliveries waiting for the delivery thread; the oldest are dropped beyond
+
+Clock = Callable[[], dt.datetime]
 
 
-def sign(secret: bytes, body: bytes) -> str:
-    """The X-Medic-Signature value of `body`."""
-    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
 
 
-def verify_signature(secret: bytes, body: bytes, header: str) -> bool:
-    """What a receiver does (in constant time)."""
-    return hmac.compare_digest(sign(secret, body), header)
+def signed_bytes(timestamp: str, delivery_id: str, body: bytes) -> bytes:
+    """What the signature covers: `{timestamp}.{delivery_id}.` then the raw body."""
+    return f"{timestamp}.{delivery_id}.".encode() + body
+
+
+def sign(secret: bytes, timestamp: str, delivery_id: str, body: bytes) -> str:
+    """The X-Medic-Signature value of one attempt."""
+    digest = hmac.new(secret, signed_bytes(timestamp, delivery_id, body), hashlib.sha256)
+    return f"{SIGNATURE_VERSION}={digest.hexdigest()}"
+
+
+def verify_signature(
+    secret: bytes, timestamp: str, delivery_id: str, body: bytes, header: str
+) -> bool:
+    """The signature check a receiver does, in constant time (freshness and repeats are the
+    receiver's other two checks: docs/examples/webhook_receiver.py)."""
+    expected = sign(secret, timestamp, delivery_id, body).encode()
+    return hmac.compare_digest(expected, header.encode("utf-8", "replace"))
 
 
 def encode(payload: Mapping[str, Any]) -> bytes:
@@ -65,7 +101,7 @@ def encode(payload: Mapping[str, Any]) -> bytes:
 
 @dataclass(frozen=True)
 class Attempt:
-    status: int | None  # HTTP status, None when no response came
+    status: int | None  # HTTP status, None when no (complete) answer came
     error: str  # "" on success
     retry_after: float | None = None
 
@@ -83,50 +119,99 @@ class DeliveryResult:
         return self.attempts[-1]
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer, not an instruction: re-POSTing signed evidence to wherever
-    a 30x points is not something to do silently."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
 def _retry_after(value: str | None, now: float) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date)."""
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date); None when absent
+    or unreadable, never more than RETRY_AFTER_LONGEST."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    if value.isascii() and value.isdigit():
+        if len(value) > 12:  # tens of thousands of years, or more than a float holds
+            return RETRY_AFTER_LONGEST
+        return min(float(value), RETRY_AFTER_LONGEST)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.UTC)
+        seconds = when.timestamp() - now
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return max(0.0, when.timestamp() - now)
+    return min(max(0.0, seconds), RETRY_AFTER_LONGEST)
 
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())[:ERROR_LEN]
 
 
+class Deadline:
+    """Ends one attempt at its deadline, whatever it is waiting for: a timer shuts the
+    connection's socket down, which wakes any read or write blocked on it. (A socket timeout
+    is per read: a receiver sending a byte every few seconds would never trip it.)"""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._ends = time.monotonic() + seconds
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def remaining(self) -> float:
+        """Seconds left (at least a little, so a socket call fails by itself, not at once)."""
+        return max(0.001, self._ends - time.monotonic())
+
+    def watch(self, sock: socket.socket) -> None:
+        """The socket to shut down at the deadline (at once if it has passed)."""
+        with self._lock:
+            self._sock = sock
+            if self.expired:
+                self._cut()
+            else:
+                sock.settimeout(self.remaining())
+
+    def done(self) -> None:
+        """Call before closing the socket: the timer must not touch it (or its reused fd)."""
+        self._timer.cancel()
+        with self._lock:
+            self._sock = None
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            self._cut()
+
+    def _cut(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
+
+
 class Sender:
-    """POSTs signed bodies with retries. `sleep` and `rng` are for tests."""
+    """POSTs signed bodies with retries. `sleep`, `rng` and `clock` are for tests; `cancel`
+    ends a delivery between attempts (the waits between them should watch it too)."""
 
     def __init__(
         self,
         settings: WebhookSettings,
         *,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] = time.sleep,
         rng: Callable[[], float] = random.random,
+        clock: Callable[[], float] = time.time,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.settings = settings
         self.sleep = sleep
         self.rng = rng
-        self._opener = urllib.request.build_opener(
-            _NoRedirect(), urllib.request.HTTPSHandler(context=settings.ssl_context())
-        )
+        self.clock = clock
+        self.cancel = cancel
+        parts = urllib.parse.urlsplit(settings.url)
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname or ""
+        self._port = parts.port or (443 if self._https else 80)
+        self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self._context = settings.ssl_context() if self._https else None
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number `attempt` (1-based): exponential up to
@@ -136,42 +221,76 @@ class Sender:
         delay = min(s.backoff_cap, s.backoff_base * 2.0 ** (attempt - 1))
         return delay / 2 + self.rng() * delay / 2
 
+    def headers(self, body: bytes, delivery_id: str, event: str) -> dict[str, str]:
+        """One attempt's headers, signed now."""
+        timestamp = str(int(self.clock()))
+        return {
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            TIMESTAMP_HEADER: timestamp,
+            DELIVERY_HEADER: delivery_id,
+            SIGNATURE_HEADER: sign(self.settings.secret, timestamp, delivery_id, body),
+            EVENT_HEADER: event,
+        }
+
     def post_once(self, body: bytes, delivery_id: str, event: str) -> Attempt:
-        request = urllib.request.Request(
-            self.settings.url,
-            data=body,
-            method="POST",
-            headers={
-                "Content-Type": "application/json",
-                "User-Agent": USER_AGENT,
-                SIGNATURE_HEADER: sign(self.settings.secret, body),
-                DELIVERY_HEADER: delivery_id,
-                EVENT_HEADER: event,
-            },
-        )
+        """One POST, over within `timeout` seconds in all. Redirects are answers, not
+        instructions: re-POSTing signed evidence to wherever a 30x points is not done."""
+        deadline = Deadline(self.settings.timeout)
+        sock: socket.socket | None = None
+        conn: http.client.HTTPConnection | None = None
         try:
-            with self._opener.open(request, timeout=self.settings.timeout) as response:
-                response.read(65536)
-                return Attempt(int(response.status), "")
-        except urllib.error.HTTPError as exc:
-            with exc:
-                detail = exc.read(300).decode("utf-8", "replace")
-            retry_after = _retry_after(exc.headers.get("Retry-After"), time.time())
-            return Attempt(
-                exc.code, _one_line(f"HTTP {exc.code} {exc.reason}: {detail}"), retry_after
-            )
-        except urllib.error.URLError as exc:
-            reason = exc.reason
-            if isinstance(reason, ssl.SSLCertVerificationError):
-                return Attempt(None, _one_line(f"TLS: {reason.verify_message or reason}"))
-            return Attempt(None, _one_line(f"cannot connect: {reason}"))
-        except TimeoutError:
-            return Attempt(None, f"no answer within {self.settings.timeout:g}s")
-        except (OSError, http.client.HTTPException) as exc:
+            sock = socket.create_connection((self._host, self._port), deadline.remaining())
+            deadline.watch(sock)
+            if self._context is not None:
+                sock = self._context.wrap_socket(
+                    sock, server_hostname=self._host, do_handshake_on_connect=False
+                )
+                deadline.watch(sock)
+                sock.do_handshake()
+            if self._context is not None:
+                conn = http.client.HTTPSConnection(
+                    self._host, self._port, timeout=deadline.remaining(), context=self._context
+                )
+            else:
+                conn = http.client.HTTPConnection(
+                    self._host, self._port, timeout=deadline.remaining()
+                )
+            conn.sock = sock  # connected (and verified) above, under the deadline
+            conn.request("POST", self._target, body, self.headers(body, delivery_id, event))
+            response = conn.getresponse()
+            status = int(response.status)
+            if 200 <= status < 300:
+                return Attempt(status, "")  # the answer's body is not read: it means nothing
+            retry_after = _retry_after(response.getheader("Retry-After"), self.clock())
+            try:
+                detail = response.read(DETAIL_LEN).decode("utf-8", "replace")
+            except (OSError, ValueError, http.client.HTTPException):
+                detail = "(answer cut short)"
+            error = _one_line(f"HTTP {status} {response.reason}: {detail}")
+            return Attempt(status, error, retry_after)
+        except ssl.SSLCertVerificationError as exc:
+            return Attempt(None, _one_line(f"TLS: {exc.verify_message or exc}"))
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            if deadline.expired or isinstance(exc, TimeoutError):
+                return Attempt(None, f"no answer within {self.settings.timeout:g}s")
+            if isinstance(exc, ssl.SSLError):
+                return Attempt(None, _one_line(f"TLS: {exc}"))
+            if conn is None:
+                return Attempt(None, _one_line(f"cannot connect: {exc}"))
+            if not isinstance(exc, OSError):
+                return Attempt(None, _one_line(f"not an HTTP answer: {exc!r}"))
             return Attempt(None, _one_line(f"connection failed: {exc!r}"))
+        finally:
+            deadline.done()
+            if conn is not None:
+                conn.close()  # and its socket
+            elif sock is not None:
+                sock.close()
 
     def send(self, body: bytes, delivery_id: str, event: str) -> DeliveryResult:
-        """Up to `max_attempts` attempts, waiting between them."""
+        """Up to `max_attempts` attempts, waiting between them (never longer than
+        `retry_after_max` for a Retry-After: a longer one ends the round)."""
         attempts: list[Attempt] = []
         for number in range(1, self.settings.max_attempts + 1):
             attempt = self.post_once(body, delivery_id, event)
@@ -194,12 +313,14 @@ class Sender:
                     "webhook %s attempt %d: %s; retry in %.1fs", event, number, attempt.error, delay
                 )
                 self.sleep(delay)
+                if self.cancel is not None and self.cancel.is_set():
+                    break
         return DeliveryResult(False, tuple(attempts), True)
 
 
 @dataclass(frozen=True)
 class Delivery:
-    """What `deliver_pending` did with one outbox row."""
+    """What became of one outbox row in one round."""
 
     outbox_id: int
     ticket_id: int
@@ -213,8 +334,8 @@ class Delivery:
 
 def _claim(store: Store, row_id: int, now: dt.datetime, lease: dt.timedelta) -> bool:
     """Take one pending row for this process: its next_attempt_at moves past the longest
-    this round can take, so a concurrent deliver_pending skips it, and a crash mid-send
-    only delays it."""
+    this round can take, so a concurrent round skips it, and a crash mid-send only delays
+    it."""
     with writer(store.engine).begin() as conn:
         result = conn.execute(
             update(RmaOutboxRow)
@@ -234,80 +355,234 @@ def _lease(settings: WebhookSettings) -> dt.timedelta:
     return dt.timedelta(seconds=waits + 60)
 
 
-def deliver_pending(
-    store: Store,
-    settings: WebhookSettings,
-    *,
-    sender: Sender | None = None,
-    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
-    limit: int = 100,
-) -> list[Delivery]:
-    """Send what the outbox holds, oldest first. A ticket's events go out in order: when
-    one stays pending, that ticket's later events wait for the next round. A delivery that
-    fails with a retryable error is tried again no sooner than `backoff_cap` seconds later
-    (or its Retry-After); one the receiver refuses (4xx) is marked failed."""
-    sender = sender or Sender(settings)
+def due_rows(store: Store, now: dt.datetime, limit: int = 100) -> list[int]:
+    """The ids of the pending outbox rows whose time has come, oldest first."""
     query = (
-        select(RmaOutboxRow)
-        .where(RmaOutboxRow.state == OUTBOX_PENDING)
+        select(RmaOutboxRow.id)
+        .where(RmaOutboxRow.state == OUTBOX_PENDING, RmaOutboxRow.next_attempt_at <= now)
         .order_by(RmaOutboxRow.id)
         .limit(limit)
     )
     with Session(store.engine) as session:
-        rows = [
-            (r.id, r.ticket_id, r.delivery_id, r.event, dict(r.payload), r.attempts,
-             r.next_attempt_at)
-            for r in session.scalars(query)
-        ]  # fmt: skip
-    done: list[Delivery] = []
-    held: set[int] = set()  # tickets with an earlier event still pending
-    for row_id, ticket_id, delivery_id, event, payload, attempts, due in rows:
-        started = now()
-        if ticket_id in held or due > started:
-            held.add(ticket_id)
-            continue
-        if not _claim(store, row_id, started, _lease(settings)):
-            held.add(ticket_id)
-            continue
-        result = sender.send(encode(payload), delivery_id, event)
-        finished = now()
-        total = attempts + len(result.attempts)
-        if result.delivered:
-            state = OUTBOX_DELIVERED
-        elif result.retryable:
-            state = OUTBOX_PENDING
-            held.add(ticket_id)
-        else:
-            state = OUTBOX_FAILED
-        wait = max(settings.backoff_cap, result.retry_at_least)
-        values: dict[str, Any] = {
-            "state": state,
-            "attempts": total,
-            "last_status": result.last.status,
-            "last_error": result.last.error,
-            "last_attempt_at": finished,
-            "next_attempt_at": (
-                finished + dt.timedelta(seconds=wait) if state == OUTBOX_PENDING else finished
-            ),
-        }
-        if result.delivered:
-            values["delivered_at"] = finished
-        with writer(store.engine).begin() as conn:
-            conn.execute(update(RmaOutboxRow).where(RmaOutboxRow.id == row_id).values(**values))
-        if not result.delivered:
-            log.warning(
-                "webhook %s of ticket %d (%s): %s after %d attempts",
-                event,
-                ticket_id,
-                state,
-                result.last.error,
-                len(result.attempts),
+        return list(session.scalars(query))
+
+
+def deliver_row(
+    store: Store, settings: WebhookSettings, sender: Sender, row_id: int, now: Clock = _utcnow
+) -> Delivery | None:
+    """Send one outbox row if it is still pending and due and no earlier event of its ticket
+    is still pending (a ticket's events go out in order); record what came of it. None when
+    it was not sent (not due, held back, or another process claimed it)."""
+    with Session(store.engine) as session:
+        row = session.get(RmaOutboxRow, row_id)
+        if row is None or row.state != OUTBOX_PENDING:
+            return None
+        ticket_id, delivery_id, event = row.ticket_id, row.delivery_id, row.event
+        payload, attempts, due = dict(row.payload), row.attempts, row.next_attempt_at
+        earlier = session.scalar(
+            select(RmaOutboxRow.id)
+            .where(
+                RmaOutboxRow.ticket_id == ticket_id,
+                RmaOutboxRow.state == OUTBOX_PENDING,
+                RmaOutboxRow.id < row_id,
             )
-        done.append(
-            Delivery(row_id, ticket_id, delivery_id, event, state, total,
-                     result.last.status, result.last.error)
-        )  # fmt: skip
+            .limit(1)
+        )
+    started = now()
+    if earlier is not None or due > started:
+        return None
+    if not _claim(store, row_id, started, _lease(settings)):
+        return None
+    result = sender.send(encode(payload), delivery_id, event)
+    finished = now()
+    total = attempts + len(result.attempts)
+    if result.delivered:
+        state = OUTBOX_DELIVERED
+    elif result.retryable:
+        state = OUTBOX_PENDING
+    else:
+        state = OUTBOX_FAILED
+    wait = max(settings.backoff_cap, result.retry_at_least)
+    values: dict[str, Any] = {
+        "state": state,
+        "attempts": total,
+        "last_status": result.last.status,
+        "last_error": result.last.error,
+        "last_attempt_at": finished,
+        "next_attempt_at": (
+            finished + dt.timedelta(seconds=wait) if state == OUTBOX_PENDING else finished
+        ),
+    }
+    if result.delivered:
+        values["delivered_at"] = finished
+    with writer(store.engine).begin() as conn:
+        conn.execute(update(RmaOutboxRow).where(RmaOutboxRow.id == row_id).values(**values))
+    if not result.delivered:
+        log.warning(
+            "webhook %s of ticket %d (%s): %s after %d attempts",
+            event,
+            ticket_id,
+            state,
+            result.last.error,
+            len(result.attempts),
+        )
+    return Delivery(row_id, ticket_id, delivery_id, event, state, total,
+                    result.last.status, result.last.error)  # fmt: skip
+
+
+def deliver_round(
+    store: Store,
+    settings: WebhookSettings,
+    *,
+    sender: Sender | None = None,
+    now: Clock = _utcnow,
+    limit: int = 100,
+) -> list[Delivery]:
+    """Send what the outbox holds, oldest first, in the calling thread (it waits on the
+    network: the daemon uses `deliver_pending`). A ticket's events go out in order: while
+    one stays pending, that ticket's later events wait for a later round. A delivery that
+    fails with a retryable error is tried again no sooner than `backoff_cap` seconds later
+    (or its Retry-After); one the receiver refuses (4xx) is marked failed."""
+    sender = sender or Sender(settings)
+    done = []
+    for row_id in due_rows(store, now(), limit):
+        delivery = deliver_row(store, settings, sender, row_id, now)
+        if delivery is not None:
+            done.append(delivery)
     return done
+
+
+class Dispatcher:
+    """The delivery thread of one store: `offer` (from the ladder thread) queues the due
+    outbox rows and returns at once; the thread sends them one by one. The queue is bounded:
+    when full, the oldest queued deliveries are dropped, with a logged count. Nothing is
+    lost by that: a dropped row is still pending in the outbox and is queued again by a
+    later `offer`."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: WebhookSettings,
+        *,
+        capacity: int = QUEUE_SIZE,
+        sender: Sender | None = None,
+        now: Clock = _utcnow,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.capacity = capacity
+        self.now = now
+        self.dropped = 0  # in all, since the start
+        self._stop = threading.Event()
+        self.sender = sender or Sender(settings, sleep=self._stop.wait, cancel=self._stop)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._queue: collections.deque[int] = collections.deque()
+        self._known: set[int] = set()  # queued or being sent
+        self._finished: collections.deque[Delivery] = collections.deque(maxlen=1000)
+        self._thread = threading.Thread(target=self._run, name="webhook", daemon=True)
+        self._thread.start()
+
+    def offer(self, limit: int = 100) -> int:
+        """Queue the due outbox rows not queued yet; returns how many were added. Reads the
+        store, never the network."""
+        return self.enqueue(due_rows(self.store, self.now(), limit))
+
+    def enqueue(self, row_ids: Iterable[int]) -> int:
+        added = dropped = 0
+        with self._lock:
+            for row_id in row_ids:
+                if row_id in self._known:
+                    continue
+                if len(self._queue) >= self.capacity:
+                    self._known.discard(self._queue.popleft())
+                    dropped += 1
+                self._queue.append(row_id)
+                self._known.add(row_id)
+                added += 1
+            self.dropped += dropped
+        if dropped:
+            log.warning(
+                "webhook queue full (%d): dropped the %d oldest deliveries (%d since start);"
+                " they stay pending in the outbox and are queued again later",
+                self.capacity,
+                dropped,
+                self.dropped,
+            )
+        if added:
+            self._wake.set()
+        return added
+
+    def queued(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def busy(self) -> bool:
+        """Something queued or being sent."""
+        with self._lock:
+            return bool(self._known)
+
+    def finished(self) -> list[Delivery]:
+        """The deliveries done since the last call, oldest first."""
+        with self._lock:
+            done = list(self._finished)
+            self._finished.clear()
+        return done
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop after the attempt in progress (waits between attempts end at once)."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _next(self) -> int | None:
+        with self._lock:
+            return self._queue.popleft() if self._queue else None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            row_id = self._next()
+            if row_id is None:
+                self._wake.wait()
+                continue
+            try:
+                delivery = deliver_row(self.store, self.settings, self.sender, row_id, self.now)
+            except Exception:
+                log.exception("webhook delivery of outbox row %d failed", row_id)
+                delivery = None
+            with self._lock:
+                self._known.discard(row_id)
+                if delivery is not None:
+                    self._finished.append(delivery)
+
+
+_dispatchers: weakref.WeakKeyDictionary[Store, Dispatcher] = weakref.WeakKeyDictionary()
+_dispatchers_lock = threading.Lock()
+
+
+def dispatcher(store: Store, settings: WebhookSettings) -> Dispatcher:
+    """The delivery thread of `store`, started on first use (and again with new settings)."""
+    with _dispatchers_lock:
+        current = _dispatchers.get(store)
+        if current is not None and current.settings == settings and current.alive():
+            return current
+        if current is not None:
+            current.close(timeout=0)  # ends after its attempt in progress
+        current = _dispatchers[store] = Dispatcher(store, settings)
+        return current
+
+
+def deliver_pending(store: Store, settings: WebhookSettings, *, limit: int = 100) -> list[Delivery]:
+    """What the daemon's ladder thread calls every round: hands the due outbox rows to the
+    store's delivery thread and returns at once, with the deliveries that thread finished
+    since the previous call. It never waits on the network (`deliver_round` does)."""
+    worker = dispatcher(store, settings)
+    worker.offer(limit)
+    return worker.finished()
 
 
 def outbox(store: Store, ticket_id: int | None = None) -> list[Delivery]:
@@ -325,14 +600,20 @@ def outbox(store: Store, ticket_id: int | None = None) -> list[Delivery]:
 
 __all__ = [
     "DELIVERY_HEADER",
+    "EVENT_HEADER",
     "SIGNATURE_HEADER",
+    "TIMESTAMP_HEADER",
     "Delivery",
     "DeliveryResult",
+    "Dispatcher",
     "Sender",
     "WebhookSettings",
     "deliver_pending",
+    "deliver_round",
+    "dispatcher",
     "encode",
     "outbox",
     "sign",
+    "signed_bytes",
     "verify_signature",
 ]
