@@ -1,24 +1,7 @@
-"""Offline sweeps (`medic sweep`): take idle nodes out of scheduling a few at a time, run the
-deep tier on each as a Slurm job, give back the healthy ones and hand the failing ones to
-the remediation ladder.
-
-    planned --take--> taking --reservation made--> held --srun--> running --report--> checked
-                        |                            |                                   |
-                        +--> skipped (busy, drained) +--> (resume: job cancelled, again) |
-                                                         returned <--- pass, inconclusive -+
-                                                         handed   <--- fail: ladder admits,
-                                                                       Medic's drain stays
-
-A node is taken with a Slurm reservation named `medic-sweep-<sweep>-<node>` (created only
-while the node is idle: Slurm refuses a reservation on a busy node, so no job is ever
-pre-empted), the deep tier runs as `srun --reservation=... -w NODE medic sweep probe`, and
-giving the node back is deleting that reservation: a sweep never resumes, drains or
-undrains a node it did not take, and a reservation outlives a killed sweep by at most its
-duration. Every step is written to the store before it is taken; `Sweeper.run` after a
-crash resumes the unfinished sweep from those rows (schema version 4).
-
-Pure planning (`risk`, `rank`, `share_cap`, `next_batch`, `judge`) is separate from the
-runner (`Sweeper`), which gathers from Slurm and the store and acts.
+"""Offline sweeps, the runner: `Sweeper` gathers from Slurm and the store, plans with
+`remediation.sweep.policy`, writes each step to `remediation.sweep.store` before taking it,
+holds nodes with reservations (`SweepSlurm`), runs the probe under srun and hands failures
+to the ladder. `probe` is the deep tier on the node itself (`medic sweep probe`).
 """
 
 from __future__ import annotations
@@ -26,38 +9,13 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import datetime as dt
-import fcntl
-import json
 import logging
 import math
 import os
-import re
-import socket
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
-
-from sqlalchemy import (
-    JSON,
-    BigInteger,
-    Column,
-    DateTime,
-    Float,
-    ForeignKey,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
-    insert,
-    select,
-    text,
-    update,
-)
-from sqlalchemy.dialects.postgresql import JSONB
 
 from medic_core import proc
 from medic_core.config import MedicConfig
@@ -66,514 +24,41 @@ from medic_core.settings import SweepSettings
 from medic_core.slurm import CliSlurm, NodeInfo, SlurmError
 from medic_core.status import Status, worst
 from medic_core.store import Severity, Store
-from medic_core.store.engine import writer
-from medic_core.store.models import NAMING_CONVENTION
 from medic_core.vocabulary import Finding, Recommendation
 from remediation import episodes as ep
+from remediation.sweep.policy import (
+    CHECKED,
+    FAIL,
+    FINAL,
+    HANDED,
+    HELD,
+    HOLDING,
+    INCONCLUSIVE,
+    PASS,
+    PLANNED,
+    PROBING,
+    RETURNED,
+    SKIPPED,
+    TAKING,
+    Candidate,
+    NodeVerdict,
+    Risk,
+    availability,
+    gres_request,
+    judge,
+    next_batch,
+    partition_caps,
+    rank,
+    summary,
+)
+from remediation.sweep.store import SweepNode, SweepStore
 
 log = logging.getLogger("medic.sweep")
 
-SWEEP_LOCK_KEY = 0x4D45445357  # "MEDSW": the PostgreSQL advisory lock held by a running sweep
-RESERVATION_PREFIX = "medic-sweep-"
 EVENT_KIND = "sweep"
 # Seconds a reservation outlives the node's deep-tier timeout: room for srun to start and
 # for the sweep to record the result and delete it.
 RESERVATION_SLACK = 600.0
-
-# Sweep states.
-RUNNING, DONE = "running", "done"
-# Node states, in order; see the module docstring.
-PLANNED, TAKING, HELD, PROBING, CHECKED = "planned", "taking", "held", "running", "checked"
-RETURNED, HANDED, SKIPPED = "returned", "handed", "skipped"
-HOLDING = (TAKING, HELD, PROBING, CHECKED)  # the sweep may hold the node: counts on the share
-FINAL = (RETURNED, HANDED, SKIPPED)
-
-# Node verdicts.
-PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
-
-METADATA = MetaData(naming_convention=NAMING_CONVENTION)
-_ident = BigInteger().with_variant(Integer(), "sqlite")
-_data = JSON().with_variant(JSONB(), "postgresql")
-_when = DateTime(timezone=True)
-
-sweeps = Table(
-    "sweeps",
-    METADATA,
-    Column("id", _ident, primary_key=True, autoincrement=True),
-    Column("state", String(16), nullable=False),
-    Column("partition", String(255), nullable=False),
-    Column("share", Float, nullable=False),
-    Column("host", String(255), nullable=False),
-    Column("pid", Integer, nullable=False),
-    Column("message", Text, nullable=False),
-    Column("started_at", _when, nullable=False),
-    Column("updated_at", _when, nullable=False),
-    Column("finished_at", _when, nullable=True),
-    Index(None, "state"),
-)
-sweep_nodes = Table(
-    "sweep_nodes",
-    METADATA,
-    Column("id", _ident, primary_key=True, autoincrement=True),
-    Column("sweep_id", _ident, ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False),
-    Column("node", String(255), nullable=False),
-    Column("position", Integer, nullable=False),
-    Column("partitions", _data, nullable=False),
-    Column("state", String(16), nullable=False),
-    Column("reservation", String(255), nullable=False),
-    Column("risk", _data, nullable=False),
-    Column("status", String(16), nullable=False),
-    Column("findings", _data, nullable=False),
-    Column("message", Text, nullable=False),
-    Column("episode_id", BigInteger, nullable=True),
-    Column("taken_at", _when, nullable=True),
-    Column("checked_at", _when, nullable=True),
-    Column("returned_at", _when, nullable=True),
-    Column("seconds", Float, nullable=True),
-    Index(None, "sweep_id", "node", unique=True),
-    Index(None, "node", "checked_at"),
-)
-
-
-# ---- settings ------------------------------------------------------------------------------
-
-
-# ---- pure: risk, share, next batch, verdict -----------------------------------------------
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """What the planner knows of one node."""
-
-    node: str
-    partitions: tuple[str, ...]
-    available: bool  # idle, not drained, down, rebooting or held by an open episode
-    why_not: str = ""
-    episodes_recent: int = 0
-    failed_requalifications: int = 0
-    last_deep: dt.datetime | None = None  # the last deep-tier verdict, any source
-    correctable: int = 0  # lifetime correctable ECC errors now (sum over GPUs)
-    correctable_before: int | None = None  # ...at the node's previous sweep
-    correctable_since: dt.datetime | None = None
-
-
-@dataclass(frozen=True)
-class Risk:
-    node: str
-    score: float
-    due: bool  # not deep-checked within min_interval_days
-    reasons: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"score": round(self.score, 2), "due": self.due, "reasons": list(self.reasons)}
-
-
-NEVER_CHECKED_STALENESS = 3.0  # a node never deep-checked ranks as three intervals overdue
-MAX_STALENESS = 10.0
-
-
-def risk(c: Candidate, now: dt.datetime, min_interval_days: float) -> Risk:
-    """Higher first: a lemon's history, time since the last deep check (in units of the
-    interval), and how fast correctable ECC errors grew since the previous sweep."""
-    reasons: list[str] = []
-    lemon = 10.0 * c.episodes_recent + 20.0 * c.failed_requalifications
-    if lemon:
-        reasons.append(
-            f"{c.episodes_recent} episodes, {c.failed_requalifications} failed re-qualifications"
-        )
-    interval = max(min_interval_days, 1.0 / 24)
-    if c.last_deep is None:
-        staleness, due = NEVER_CHECKED_STALENESS, True
-        reasons.append("never deep-checked")
-    else:
-        days = max(0.0, (now - c.last_deep).total_seconds() / 86400)
-        staleness = min(MAX_STALENESS, days / interval)
-        due = days >= min_interval_days
-        reasons.append(f"deep-checked {days:.1f} days ago")
-    trend = 0.0
-    if c.correctable_before is not None and c.correctable_since is not None:
-        grown = c.correctable - c.correctable_before
-        days = max((now - c.correctable_since).total_seconds() / 86400, 1.0 / 24)
-        if grown > 0:
-            trend = min(30.0, 10.0 * math.log10(1 + grown / days))
-            reasons.append(f"correctable ECC errors +{grown} in {days:.1f} days")
-    return Risk(c.node, lemon + 10.0 * staleness + trend, due, tuple(reasons))
-
-
-def natural_key(name: str) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-
-
-def rank(
-    candidates: Iterable[Candidate], now: dt.datetime, min_interval_days: float
-) -> list[tuple[Candidate, Risk]]:
-    """Available nodes that are due, riskiest first (ties: longest unchecked, then name)."""
-    scored = [(c, risk(c, now, min_interval_days)) for c in candidates if c.available and c.node]
-    due = [(c, r) for c, r in scored if r.due]
-    epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
-    return sorted(
-        due, key=lambda cr: (-cr[1].score, cr[0].last_deep or epoch, natural_key(cr[0].node))
-    )
-
-
-def share_cap(partition_nodes: int, share: float, minimum: int) -> int:
-    """Nodes of a partition a sweep may hold at once: the share rounded down, but at least
-    `minimum` (default 1: 5 % of a 5-node partition is one node, not none), never more than
-    the partition has."""
-    return min(partition_nodes, max(minimum, math.floor(partition_nodes * share + 1e-9)))
-
-
-def partition_caps(nodes: Iterable[NodeInfo], share: float, minimum: int) -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    for node in nodes:
-        for partition in node.partitions:
-            sizes[partition] = sizes.get(partition, 0) + 1
-    return {p: share_cap(n, share, minimum) for p, n in sizes.items()}
-
-
-def next_batch(
-    queue: Sequence[str],
-    partitions_of: Mapping[str, Sequence[str]],
-    held: Mapping[str, int],
-    caps: Mapping[str, int],
-) -> list[str]:
-    """The nodes of `queue` (in order) that can be taken now: each must fit under the cap of
-    every partition it belongs to, counting what is held and what this batch takes."""
-    taken = dict(held)
-    batch: list[str] = []
-    for node in queue:
-        parts = partitions_of.get(node, ())
-        if all(taken.get(p, 0) < caps.get(p, 0) for p in parts) and parts:
-            batch.append(node)
-            for p in parts:
-                taken[p] = taken.get(p, 0) + 1
-    return batch
-
-
-@dataclass(frozen=True)
-class NodeVerdict:
-    outcome: str  # pass, fail, inconclusive
-    status: str  # the worst status reported (or UNKNOWN)
-    findings: tuple[Finding, ...]  # what failed (CRITICAL), for the ladder
-    message: str
-    report: Mapping[str, Any] = field(default_factory=dict)
-
-
-TIMEOUT_FAULT = "sweep.deep_timeout"
-
-
-def judge(
-    returncode: int | None, stdout: str, timed_out: bool, why: str, timeout: float
-) -> NodeVerdict:
-    """A probe's outcome. CRITICAL results fail the node; a deep tier that overran its
-    timeout fails it too (a hung diagnostic is a finding); a probe that never ran or printed
-    no report (srun could not start, say) is inconclusive and the node goes back."""
-    report = _last_json(stdout)
-    if timed_out:
-        finding = Finding(
-            check="sweep",
-            status=Status.CRITICAL,
-            fault_class=TIMEOUT_FAULT,
-            target="",
-            message=f"the deep tier did not finish within {timeout:g}s",
-            recommendation=Recommendation.DRAIN,
-        )
-        return NodeVerdict(FAIL, Status.CRITICAL.value, (finding,), finding.message, report or {})
-    if report is None:
-        return NodeVerdict(
-            INCONCLUSIVE, Status.UNKNOWN.value, (), f"no report from the probe: {why}"
-        )
-    results = [r for r in report.get("results", []) if isinstance(r, Mapping)]
-    findings = [Finding.from_json(dict(r)) for r in results]
-    critical = tuple(f for f in findings if f.status is Status.CRITICAL)
-    status = worst(f.status for f in findings)
-    ran = sorted({f.check for f in findings if f.status is not Status.NOT_APPLICABLE})
-    if critical:
-        first = critical[0]
-        return NodeVerdict(
-            FAIL, status.value, critical, f"{first.fault_class}: {first.message}", report
-        )
-    if not ran:
-        return NodeVerdict(
-            INCONCLUSIVE, status.value, (), "no deep check applies on this node", report
-        )
-    note = f"{len(ran)} deep checks: {', '.join(ran)}"
-    if returncode not in (0, None):
-        note += f" (probe exit {returncode})"
-    return NodeVerdict(PASS, status.value, (), f"{status.value}: {note}", report)
-
-
-def _last_json(text: str) -> dict[str, Any] | None:
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            with contextlib.suppress(ValueError):
-                doc = json.loads(line)
-                if isinstance(doc, dict) and "results" in doc:
-                    return doc
-    return None
-
-
-def reservation_name(sweep_id: int, node: str) -> str:
-    return f"{RESERVATION_PREFIX}{sweep_id}-{node}"
-
-
-def gres_request(gres: str) -> str | None:
-    """`--gres` asking for every GPU the node has ("gpu:h100:8(S:0-1)" -> "gpu:8"): the deep
-    tier needs them all, and a job sees only the GPUs it asked for."""
-    total = 0
-    for part in re.split(r",(?![^(]*\))", gres):
-        match = re.match(r"^gpu(?::[^:(]+)?:(\d+)", part.strip())
-        if match:
-            total += int(match.group(1))
-    return f"gpu:{total}" if total else None
-
-
-# ---- persistence ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SweepRow:
-    id: int
-    state: str
-    partition: str
-    share: float
-    host: str
-    pid: int
-    message: str
-    started_at: dt.datetime
-    updated_at: dt.datetime
-    finished_at: dt.datetime | None
-
-
-@dataclass(frozen=True)
-class SweepNode:
-    id: int
-    sweep_id: int
-    node: str
-    position: int
-    partitions: tuple[str, ...]
-    state: str
-    reservation: str
-    risk: Mapping[str, Any]
-    status: str
-    findings: Sequence[Mapping[str, Any]]
-    message: str
-    episode_id: int | None
-    taken_at: dt.datetime | None
-    checked_at: dt.datetime | None
-    returned_at: dt.datetime | None
-    seconds: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "node": self.node,
-            "position": self.position,
-            "partitions": list(self.partitions),
-            "state": self.state,
-            "status": self.status,
-            "message": self.message,
-            "episode_id": self.episode_id,
-            "risk": dict(self.risk),
-            "reservation": self.reservation,
-            "taken_at": _iso(self.taken_at),
-            "checked_at": _iso(self.checked_at),
-            "returned_at": _iso(self.returned_at),
-            "seconds": self.seconds,
-        }
-
-
-def _iso(value: dt.datetime | None) -> str | None:
-    return value.isoformat() if value else None
-
-
-def _utc(value: Any) -> dt.datetime | None:
-    if value is None:
-        return None
-    assert isinstance(value, dt.datetime)
-    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-
-
-class SweepBusy(RuntimeError):
-    """Another sweep holds the lock."""
-
-
-@dataclass
-class SweepStore:
-    store: Store
-
-    def now(self) -> dt.datetime:
-        return dt.datetime.now(dt.UTC)
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """One sweep at a time, fleet-wide; never waits: a second sweep raises SweepBusy.
-        The lock dies with its holder (a lock file next to SQLite, a session-level advisory
-        lock on PostgreSQL), so a killed sweep never blocks the next."""
-        if self.store.backend == "sqlite":
-            database = self.store.engine.url.database
-            if not database or database == ":memory:":
-                yield
-                return
-            with Path(database + ".sweep.lock").open("a") as handle:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    raise SweepBusy(self._holder()) from None
-                try:
-                    yield
-                finally:
-                    fcntl.flock(handle, fcntl.LOCK_UN)
-            return
-        with self.store.engine.connect() as conn:
-            got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": SWEEP_LOCK_KEY})
-            if not got.scalar():
-                conn.rollback()
-                raise SweepBusy(self._holder())
-            conn.commit()
-            try:
-                yield
-            finally:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": SWEEP_LOCK_KEY})
-                conn.commit()
-
-    def _holder(self) -> str:
-        active = self.active()
-        if active is None:
-            return "another sweep is starting"
-        return f"sweep {active.id} is running (pid {active.pid} on {active.host})"
-
-    def create(self, partition: str, share: float, plan: Sequence[tuple[Candidate, Risk]]) -> int:
-        now = self.now()
-        with writer(self.store.engine).begin() as conn:
-            result = conn.execute(
-                insert(sweeps).values(
-                    state=RUNNING,
-                    partition=partition,
-                    share=share,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                    message="",
-                    started_at=now,
-                    updated_at=now,
-                    finished_at=None,
-                )
-            )
-            key = result.inserted_primary_key
-            assert key is not None
-            sweep_id = int(key[0])
-            for position, (candidate, score) in enumerate(plan):
-                conn.execute(
-                    insert(sweep_nodes).values(
-                        sweep_id=sweep_id,
-                        node=candidate.node,
-                        position=position,
-                        partitions=list(candidate.partitions),
-                        state=PLANNED,
-                        reservation=reservation_name(sweep_id, candidate.node),
-                        risk={**score.to_json(), "correctable": candidate.correctable},
-                        status="",
-                        findings=[],
-                        message="",
-                        episode_id=None,
-                    )
-                )
-        return sweep_id
-
-    def adopt(self, sweep_id: int) -> None:
-        """A resumed sweep: this process runs it now."""
-        with writer(self.store.engine).begin() as conn:
-            conn.execute(
-                update(sweeps)
-                .where(sweeps.c.id == sweep_id)
-                .values(host=socket.gethostname(), pid=os.getpid(), updated_at=self.now())
-            )
-
-    def finish(self, sweep_id: int, message: str) -> None:
-        now = self.now()
-        with writer(self.store.engine).begin() as conn:
-            conn.execute(
-                update(sweeps)
-                .where(sweeps.c.id == sweep_id)
-                .values(state=DONE, message=message, updated_at=now, finished_at=now)
-            )
-
-    def set_node(self, row_id: int, **values: Any) -> None:
-        with writer(self.store.engine).begin() as conn:
-            conn.execute(update(sweep_nodes).where(sweep_nodes.c.id == row_id).values(**values))
-
-    def active(self) -> SweepRow | None:
-        query = select(sweeps).where(sweeps.c.state == RUNNING).order_by(sweeps.c.id)
-        with self.store.engine.connect() as conn:
-            row = conn.execute(query).first()
-        return _sweep(row._mapping) if row is not None else None
-
-    def get(self, sweep_id: int) -> SweepRow | None:
-        with self.store.engine.connect() as conn:
-            row = conn.execute(select(sweeps).where(sweeps.c.id == sweep_id)).first()
-        return _sweep(row._mapping) if row is not None else None
-
-    def latest(self) -> SweepRow | None:
-        with self.store.engine.connect() as conn:
-            row = conn.execute(select(sweeps).order_by(sweeps.c.id.desc())).first()
-        return _sweep(row._mapping) if row is not None else None
-
-    def nodes(self, sweep_id: int) -> list[SweepNode]:
-        query = (
-            select(sweep_nodes)
-            .where(sweep_nodes.c.sweep_id == sweep_id)
-            .order_by(sweep_nodes.c.position)
-        )
-        with self.store.engine.connect() as conn:
-            return [_sweep_node(r._mapping) for r in conn.execute(query)]
-
-    def history(self) -> dict[str, SweepNode]:
-        """Each node's most recent sweep verdict (its last deep check by a sweep)."""
-        query = (
-            select(sweep_nodes)
-            .where(sweep_nodes.c.checked_at.is_not(None))
-            .order_by(sweep_nodes.c.checked_at)
-        )
-        with self.store.engine.connect() as conn:
-            return {r.node: _sweep_node(r._mapping) for r in conn.execute(query)}
-
-
-def _sweep(m: Mapping[Any, Any]) -> SweepRow:
-    started, updated = _utc(m["started_at"]), _utc(m["updated_at"])
-    assert started is not None and updated is not None
-    return SweepRow(
-        id=int(m["id"]),
-        state=m["state"],
-        partition=m["partition"],
-        share=float(m["share"]),
-        host=m["host"],
-        pid=int(m["pid"]),
-        message=m["message"],
-        started_at=started,
-        updated_at=updated,
-        finished_at=_utc(m["finished_at"]),
-    )
-
-
-def _sweep_node(m: Mapping[Any, Any]) -> SweepNode:
-    return SweepNode(
-        id=int(m["id"]),
-        sweep_id=int(m["sweep_id"]),
-        node=m["node"],
-        position=int(m["position"]),
-        partitions=tuple(m["partitions"] or ()),
-        state=m["state"],
-        reservation=m["reservation"],
-        risk=dict(m["risk"] or {}),
-        status=m["status"],
-        findings=list(m["findings"] or []),
-        message=m["message"],
-        episode_id=m["episode_id"],
-        taken_at=_utc(m["taken_at"]),
-        checked_at=_utc(m["checked_at"]),
-        returned_at=_utc(m["returned_at"]),
-        seconds=m["seconds"],
-    )
 
 
 # ---- Slurm: reservations and the probe job --------------------------------------------------
@@ -672,39 +157,6 @@ def _episode_counts(episodes: Iterable[ep.Episode]) -> dict[str, tuple[int, int]
         n, failed = counts.get(e.node, (0, 0))
         counts[e.node] = (n + 1, failed + e.failed_requalifications)
     return counts
-
-
-# Flags of a node someone else holds or that cannot run a job now. RESERVED is ours once
-# our reservation exists (newer Slurm shows it), so it is judged only before taking.
-NOT_TAKEN_FLAGS = frozenset(
-    {
-        "COMPLETING",
-        "NOT_RESPONDING",
-        "MAINTENANCE",
-        "RESERVED",
-        "POWER_DOWN",
-        "POWERED_DOWN",
-        "POWERING_DOWN",
-        "POWERING_UP",
-        "FAIL",
-        "PLANNED",
-        "INVALID_REG",
-    }
-)
-
-
-def availability(node: NodeInfo, open_episode: bool, ours: bool = False) -> str:
-    """Why a node cannot be taken now; "" when it can (idle and nobody's)."""
-    if open_episode:
-        return "an open remediation episode holds it"
-    if node.drained or node.down:
-        return f"out of service ({node.reason or node.state})"
-    if node.reboot_pending:
-        return "a reboot is pending"
-    blocking = node.flags & (NOT_TAKEN_FLAGS - ({"RESERVED", "MAINTENANCE"} if ours else set()))
-    if node.state != "IDLE" or blocking:
-        return f"not idle ({','.join(sorted({node.state, *blocking}))})"
-    return ""
 
 
 class Sweeper:
@@ -815,7 +267,7 @@ class Sweeper:
                 )
             caps = self._drive(sweep_id, share)
             rows = self.rows.nodes(sweep_id)
-            message = _summary(rows)
+            message = summary(r.state for r in rows)
             self.rows.finish(sweep_id, message)
             plan_rows = tuple(rows)
         return SweepReport(
@@ -1082,13 +534,6 @@ def _stored_verdict(row: SweepNode) -> NodeVerdict:
         for f in row.findings
     )
     return NodeVerdict(row.status or INCONCLUSIVE, "", findings, row.message)
-
-
-def _summary(rows: Sequence[SweepNode]) -> str:
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r.state] = counts.get(r.state, 0) + 1
-    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "nothing to check"
 
 
 def _user() -> str:
