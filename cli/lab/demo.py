@@ -107,9 +107,11 @@ def main(argv: list[str] | None = None) -> int:
             .split(";")[0]
         )
         log = work / "train.log"
-        wait_for_text(log, lambda t: "start" in t, 30)
+        # Generous deadlines: a loaded machine (a CI box running tests beside the demo) can
+        # take tens of seconds to start the job's Python on both nodes.
+        wait_for_text(log, lambda t: "start" in t, 90)
         fifth = work / "ckpt" / "step-000000005" / "state"
-        wait_for("the fifth checkpoint", fifth.exists, 30, 0.1)
+        wait_for("the fifth checkpoint", fifth.exists, 60, 0.1)
         nodes = lab.slurm(["scontrol", "show", "hostnames", job_field(lab, job, "NodeList")])
         victim = nodes.stdout.split()[1]
         show(lab, ["squeue"], "it runs; checkpoints are coming in")
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             ["squeue", "-o", "%.6i %.10T %.8r %.10R %.4z %k"],
             "and requeued the job (restarts within its --resilient budget)",
         )
-        wait_for_text(log, lambda t: t.count("start") >= 2, 60)
+        wait_for_text(log, lambda t: t.count("start") >= 2, 90)
         # The old allocation's epilog may still show as COMPLETING for a moment.
         running = lambda: job_field(lab, job, "JobState") == "RUNNING"  # noqa: E731
         wait_for("the job running again", running, 30, 0.05)
