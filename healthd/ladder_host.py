@@ -25,7 +25,6 @@ class HealthDaemon(Protocol):
     ctx: CheckContext
     gpu: GpuPlumbing | None
     store: Store
-    ladder_store: ep.EpisodeStore | None
 
     def run_checks(
         self,
@@ -43,8 +42,9 @@ log = logging.getLogger("medic.remediation")
 
 
 class DaemonLadderHost:
-    def __init__(self, daemon: HealthDaemon) -> None:
+    def __init__(self, daemon: HealthDaemon, episodes: ep.EpisodeStore) -> None:
         self.daemon = daemon
+        self.episodes = episodes
 
     def boot_id(self) -> str:
         path = self.daemon.ctx.roots.proc / "sys/kernel/random/boot_id"
@@ -108,10 +108,8 @@ class DaemonLadderHost:
             "fault": dict(episode.evidence),
             "steps": [
                 {"action": s.action, "state": s.state, "rc": s.returncode, "output": s.output}
-                for s in self.daemon.ladder_store.steps(episode.id)
-            ]
-            if self.daemon.ladder_store
-            else [],
+                for s in self.episodes.steps(episode.id)
+            ],
             "conditions": [
                 {"type": c.type, "target": c.target, "status": str(c.status), "reason": c.reason}
                 for c in self.daemon.store.conditions(self.daemon.node)

@@ -224,7 +224,7 @@ def test_the_daemon_s_runner_wait_and_run_fit_in_the_budget_together(tmp_path: P
     from types import SimpleNamespace
 
     from healthd.checks.base import CheckContext, Tier
-    from healthd.daemon import HealthDaemon
+    from healthd.launch_gate import LaunchGate
     from healthd.runner import Runner
     from tests.test_checks_runner import make_spec
 
@@ -242,13 +242,13 @@ def test_the_daemon_s_runner_wait_and_run_fit_in_the_budget_together(tmp_path: P
             checks=runner,
             node="n1",
             settings=SimpleNamespace(launch_max_age=60.0),
-            _latest=latest,
+            latest=latest.get,
             run_checks=run_checks,
         )
         runner._lock.acquire()  # a periodic run in progress...
         threading.Timer(0.5, runner._lock.release).start()  # ...that ends half-way
         begin = time.monotonic()
-        reply = HealthDaemon.launch_verdict(daemon, 1.0)  # type: ignore[arg-type]
+        reply = LaunchGate(daemon).launch_verdict(1.0)  # type: ignore[arg-type]
         took = time.monotonic() - begin
     finally:
         release.set()
@@ -264,22 +264,24 @@ def test_the_daemon_answers_a_fresh_only_question_without_running_anything(
     from types import SimpleNamespace
 
     from healthd.checks.base import CheckContext, Tier, ok
-    from healthd.daemon import HealthDaemon
+    from healthd.launch_gate import LaunchGate
     from healthd.runner import Runner
     from tests.test_checks_runner import make_spec
 
     spec = make_spec("quick", lambda: [ok("quick", "fine")], tiers=(Tier.LAUNCH,))
     runner = Runner(CheckContext.for_root(tmp_path), specs=[spec])
     ran: list[list[str]] = []
+    latest: dict[str, object] = {}
     daemon = SimpleNamespace(
         checks=runner,
         node="n1",
         settings=SimpleNamespace(launch_max_age=60.0),
-        _latest={},
+        latest=latest.get,
         run_checks=lambda names, budget, wait: ran.append(names),
     )
-    reply = HealthDaemon.launch_verdict(daemon, 10.0, fresh_only=True)  # type: ignore[arg-type]
+    gate = LaunchGate(daemon)  # type: ignore[arg-type]
+    reply = gate.launch_verdict(10.0, fresh_only=True)
     assert reply == {"node": "n1", "tier": "launch", "stale": ["quick"]} and ran == []
-    daemon._latest["quick"] = (time.monotonic(), (ok("quick", "fine"),))
-    reply = HealthDaemon.launch_verdict(daemon, 10.0, fresh_only=True)  # type: ignore[arg-type]
+    latest["quick"] = (time.monotonic(), (ok("quick", "fine"),))
+    reply = gate.launch_verdict(10.0, fresh_only=True)
     assert reply["status"] == "OK" and reply["ran"] == [] and ran == []

@@ -1,0 +1,250 @@
+"""The launch gate: the prolog's question "may a job start here?", the gate decision recorded
+for the job, the hooks' own records, and the epilog's post-job checks and job summary.
+
+It reads the daemon's latest results and runs checks through it (`GateHost`); it knows
+nothing of the socket that asks, nor of the remediation ladder.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from healthd.checks.base import Result, Status, Tier, worst
+from healthd.results import result_json
+from healthd.runner import Runner, RunnerBusy, RunReport
+from medic_core.config import MedicConfig
+from medic_core.settings import DaemonSettings, HookSettings
+from medic_core.store import Severity, Store
+
+log = logging.getLogger("medic.healthd")
+
+# What the epilog's job_end runs: the GPUs still there and clean after the job.
+POST_JOB_CHECKS = ("gpu_count", "gpu_xid", "gpu_ecc", "gpu_retired_pages", "gpu_remapped_rows")
+HOOK_EVENT_KINDS = ("gate", "job_summary", "job_action")
+
+
+class GateHost(Protocol):
+    """What the gate needs of the daemon: its latest results and a way to run checks."""
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def config(self) -> MedicConfig: ...
+
+    @property
+    def settings(self) -> DaemonSettings: ...
+
+    @property
+    def checks(self) -> Runner: ...
+
+    def latest(self, name: str) -> tuple[float, tuple[Result, ...]] | None:
+        """(monotonic time of the check's last run, its condition results), or None."""
+
+    def run_checks(
+        self,
+        names: Iterable[str] | None = None,
+        *,
+        tier: Tier | None = None,
+        budget: float | None = None,
+        wait: float | None = None,
+    ) -> RunReport: ...
+
+
+class LaunchGate:
+    def __init__(self, host: GateHost) -> None:
+        self.host = host
+
+    def launch_budget(self) -> float:
+        """The one launch budget (`[hooks] launch_budget`): a request's budget is capped by it."""
+        return HookSettings.from_config(self.host.config).launch_budget
+
+    def launch(
+        self, budget: float, *, fresh_only: bool = False, job_id: str | None = None
+    ) -> dict[str, Any]:
+        """The launch verdict; with `job_id`, also the gate decision, recorded for the job."""
+        verdict = self.launch_verdict(budget, fresh_only=fresh_only)
+        if job_id is not None and "status" in verdict:  # a verdict, not "stale: ask again"
+            verdict.update(self.gate(job_id, verdict))
+        return verdict
+
+    def launch_verdict(self, budget: float, *, fresh_only: bool = False) -> dict[str, Any]:
+        """The prolog's question: may a job start here? Current launch-tier results younger
+        than launch_max_age are reused; the stale ones are run now. Waiting for the runner
+        (a periodic run in progress) and the run itself fit in `budget` together: a check
+        that could not answer in time is UNKNOWN. With `fresh_only` (the compiled front,
+        which waits only a fixed short time) stale results are not run: the reply names
+        them instead of carrying a status, and the Python prolog asks again with a budget."""
+        host = self.host
+        lock_step, min_run = 0.05, 0.01  # seconds
+        start = time.monotonic()
+        deadline = start + budget
+        names = host.checks.selected(tier=Tier.LAUNCH)
+        max_age = host.settings.launch_max_age
+
+        def stale_now() -> list[str]:
+            now = time.monotonic()
+            return [n for n in names if now - (host.latest(n) or (-1e18, ()))[0] > max_age]
+
+        stale = stale_now()
+        if stale and fresh_only:
+            return {"node": host.node, "tier": Tier.LAUNCH.value, "stale": stale}
+        ran, busy = list(stale), ""
+        while stale:
+            left = deadline - time.monotonic()
+            if left <= min_run:
+                busy = f"the runner was busy for the whole {budget:g}s launch budget"
+                break
+            # Queue for the runner in short steps, each run capped by what is left after its
+            # step, so wait + run <= budget; a periodic run that ends meanwhile may have
+            # refreshed some of the stale checks, which are then reused.
+            step = min(lock_step, left / 2)
+            try:
+                host.run_checks(stale, budget=left - step, wait=step)
+                stale = []
+            except RunnerBusy:
+                stale = stale_now()
+        results: list[Result] = []
+        for name in names:
+            entry = host.latest(name)
+            if entry is None or name in stale:
+                results.append(
+                    Result(
+                        name,
+                        Status.UNKNOWN,
+                        "check.busy",
+                        None,
+                        f"{name}: no fresh result ({busy or 'never ran'})",
+                    )
+                )
+            else:
+                results.extend(entry[1])
+        return {
+            "node": host.node,
+            "tier": Tier.LAUNCH.value,
+            "status": worst([r.status for r in results]).value,
+            "ran": [n for n in ran if n not in stale],
+            "seconds": round(time.monotonic() - start, 4),
+            "results": [result_json(r) for r in results],
+        }
+
+    def record_hook_event(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """A hook's own record (a gate decision, a job summary, a job action), as an event."""
+        kind = str(request.get("kind", ""))
+        if kind not in HOOK_EVENT_KINDS:
+            return {"error": f"event kind {kind!r} is not one of {', '.join(HOOK_EVENT_KINDS)}"}
+        event = self.host.store.add_event(
+            node=self.host.node,
+            at=dt.datetime.now(dt.UTC),
+            kind=kind,
+            severity=Severity(request.get("severity", "INFO")),
+            source=str(request.get("source", "hook")),
+            message=str(request.get("message", "")),
+            fault_class=str(request.get("fault_class", "")),
+            target=str(request.get("target", "")),
+            evidence=dict(request.get("evidence") or {}),
+        )
+        return {"node": self.host.node, "event_id": event.id}
+
+    def gate(self, job_id: str, verdict: Mapping[str, Any]) -> dict[str, Any]:
+        """The prolog's decision on a launch verdict, with the `[hooks]` policy, recorded
+        for the job (an event of kind "gate")."""
+        from medic_core.vocabulary import Verdict
+        from remediation.decide import decide_launch as decide
+
+        seen = Verdict.from_reply(dict(verdict), "healthd", float(verdict.get("seconds", 0.0)))
+        decision = decide(seen, HookSettings.from_config(self.host.config))
+        first = decision.first
+        self.host.store.add_event(
+            node=self.host.node,
+            at=dt.datetime.now(dt.UTC),
+            kind="gate",
+            severity=Severity.INFO if decision.allow else Severity.CRITICAL,
+            source="prolog",
+            message=(
+                f"job {job_id} allowed ({seen.status.value})"
+                if decision.allow
+                else f"job {job_id} refused: {first.message if first else decision.why}"
+            ),
+            fault_class=first.fault_class if first else "",
+            target=f"job:{job_id}",
+            evidence={
+                "job_id": job_id,
+                "allow": decision.allow,
+                "status": seen.status.value,
+                "verdict_source": "healthd",
+                "ran": list(verdict.get("ran", [])),
+                "seconds": verdict.get("seconds"),
+            },
+        )
+        return {"allow": decision.allow, "why": decision.why}
+
+    def after_job(self, job_id: str) -> None:
+        """Post-job checks and the job's health summary (an event of kind "job_summary");
+        a CRITICAL finding goes the usual way (drain, ladder) through the daemon's record()."""
+        host = self.host
+        try:
+            summary = self.job_summary(job_id, list(POST_JOB_CHECKS), host.settings.launch_budget)
+            critical = [r for r in summary["results"] if r["status"] == "CRITICAL"]
+            host.store.add_event(
+                node=host.node,
+                at=dt.datetime.now(dt.UTC),
+                kind="job_summary",
+                severity=Severity.CRITICAL if critical else Severity.INFO,
+                source="epilog",
+                message=summary["message"],
+                fault_class=critical[0]["fault_class"] or "" if critical else "",
+                target=f"job:{job_id}",
+                evidence={k: v for k, v in summary.items() if k != "results"},
+            )
+        except Exception:
+            log.exception("post-job checks for job %s failed", job_id)
+
+    def job_summary(self, job_id: str, checks: list[str], budget: float) -> dict[str, Any]:
+        """For the epilog: the post-job checks now, and what this node saw during the job
+        (events since the job's gate decision, or the last day when there was none)."""
+        host = self.host
+        now = dt.datetime.now(dt.UTC)
+        gates = [
+            e for e in host.store.events(host.node, kind="gate") if e.target == f"job:{job_id}"
+        ]
+        since = gates[0].at if gates else now - dt.timedelta(days=1)
+        names = [n for n in checks if n in host.checks.specs]
+        report = host.run_checks(names, budget=budget)
+        during = [
+            e
+            for e in host.store.events(host.node, since=since, limit=1000)
+            if e.severity != "INFO" and e.kind not in HOOK_EVENT_KINDS
+        ]
+        faults = sorted({e.fault_class for e in during if e.fault_class})
+        bad = [r for r in report.results if r.status.severity >= Status.WARN.severity]
+        faults += sorted({r.fault_class for r in bad if r.fault_class} - set(faults))
+        message = f"job {job_id} on {host.node}: " + (
+            f"faults {', '.join(faults)}" if faults else "no faults seen"
+        )
+        return {
+            "node": host.node,
+            "job_id": job_id,
+            "since": since.isoformat(),
+            "message": message,
+            "faults": faults,
+            "events": [
+                {
+                    "at": e.at.isoformat(),
+                    "kind": e.kind,
+                    "fault_class": e.fault_class,
+                    "target": e.target,
+                    "message": e.message,
+                }
+                for e in during[:50]
+            ],
+            "status": worst([r.status for r in report.results]).value,
+            "results": [result_json(r) for r in report.results],
+        }
