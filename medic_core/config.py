@@ -84,19 +84,49 @@ def config_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(env[CONFIG_ENV]) if env.get(CONFIG_ENV) else DEFAULT_CONFIG_PATH
 
 
+# Characters a node path may not hold: a store URL is built from state_dir, and there "?"
+# starts URL options and "#" a fragment (the SQLite file would land outside state_dir).
+_PATH_FORBIDDEN = {"\0": "NUL", "?": "'?'", "#": "'#'"}
+
+
 def _expand(path: Path | None, key: str, value: object, node: str) -> Path:
+    """A `[node]` path with `{node}` replaced: absolute, no `..`, nothing that a URL or a
+    file system would read as anything but this one path."""
     if not isinstance(value, str) or not value:
         raise ConfigError(path, key, f"expected a path string, got {value!r}", "give a path")
-    if "{" in value.replace("{node}", ""):
+    if "{" in value.replace("{node}", "") or "}" in value.replace("{node}", ""):
         raise ConfigError(path, key, f"unknown placeholder in {value!r}", "only {node} exists")
-    return Path(value.replace("{node}", node))
+    if "{node}" in value and (not node or "/" in node or node in (".", "..")):
+        raise ConfigError(
+            path, key, f"the node name {node!r} cannot stand in a path",
+            "set MEDIC_NODE_NAME to the node's plain name",
+        )  # fmt: skip
+    expanded = value.replace("{node}", node)
+    for char, name in _PATH_FORBIDDEN.items():
+        if char in expanded:
+            raise ConfigError(
+                path, key, f"{expanded!r} holds {name}", "give a plain absolute path without it"
+            )
+    if not expanded.startswith("/"):
+        raise ConfigError(path, key, f"{expanded!r} is not absolute", "give a path from /")
+    if ".." in expanded.split("/"):
+        raise ConfigError(
+            path, key, f"{expanded!r} climbs out with '..'", "give the directory itself"
+        )
+    return Path(expanded)
 
 
 def parse_config(data: Mapping[str, Any], source: Path | None, node: str) -> MedicConfig:
-    for table in data:
+    """The file's tables, checked as far as this module knows them: known names, each a
+    table, and the `[node]` paths. Each part validates the keys of its own table."""
+    for table, value in data.items():
         if table not in KNOWN_TABLES:
             known = ", ".join(sorted(KNOWN_TABLES))
             raise ConfigError(source, table, "unknown table", f"use one of: {known}")
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                source, table, f"expected a table, got {value!r}", f"write it as [{table}]"
+            )
     node_table = data.get("node", {})
     defaults = NodePaths()
     values: dict[str, Path] = {}
@@ -123,12 +153,22 @@ def load_config(path: Path | None = None, environ: Mapping[str, str] | None = No
     source = path or config_path(environ)
     node = node_name(environ)
     try:
-        text = source.read_text()
+        text = source.read_text(encoding="utf-8")
     except FileNotFoundError:
         if explicit:
             fix = f"create it or unset {CONFIG_ENV}"
             raise ConfigError(source, "-", "file not found", fix) from None
         return parse_config({}, None, node)
+    except IsADirectoryError:
+        raise ConfigError(source, "-", "is a directory", "point at the medic.toml file") from None
+    except OSError as exc:
+        raise ConfigError(
+            source, "-", f"cannot read it ({exc.strerror or exc})", "make it readable by root"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            source, "-", f"not UTF-8 text (byte {exc.start})", "save it as UTF-8"
+        ) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

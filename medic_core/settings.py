@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import string
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -136,6 +137,38 @@ def deprecations(config: MedicConfig) -> list[str]:
 RUNG_NAMES = ("gpu_reset", "driver_reload", "reboot", "rma")
 
 
+def argv_problems(
+    key: str, argv: tuple[str, ...], placeholders: tuple[str, ...]
+) -> Iterator[tuple[str, str, str]]:
+    """A repair command's argv, as the ladder will run it (`str.format` with `placeholders`
+    only): not empty, a program first, and every `{...}` exactly one of `placeholders`: no
+    attribute, index, conversion or format spec (`{gpu:>999999999}` would be a 1 GB argument);
+    `{{` and `}}` are literal braces."""
+    known = ", ".join("{" + p + "}" for p in placeholders)
+    if not argv or not argv[0].strip():
+        problem = "is empty" if not argv else "starts with an empty program name"
+        yield key, problem, f"give the command as a list, program first (placeholders: {known})"
+        return
+    for arg in argv:
+        try:
+            fields = [
+                (name, conversion, spec)
+                for _, name, spec, conversion in string.Formatter().parse(arg)
+                if name is not None
+            ]
+        except ValueError as exc:
+            yield key, f"{arg!r} is not a valid template ({exc})", f"use {known}; write {{{{ for {{"
+            return
+        for name, conversion, spec in fields:
+            if name not in placeholders or conversion or spec:
+                shown = "{" + name + (f"!{conversion}" if conversion else "")
+                shown += (f":{spec}" if spec else "") + "}"
+                problem = f"{arg!r}: {shown} is not a placeholder Medic fills in"
+                fix = f"use only {known} as they are; write a literal brace as {{{{ or }}}}"
+                yield key, problem, fix
+                return
+
+
 @dataclass(frozen=True, kw_only=True)
 class RemediationSettings:
     enabled: bool = setting(True, doc="run the ladder at all (false: drain and report only)")
@@ -192,7 +225,8 @@ class RemediationSettings:
     )
 
     def problems(self) -> Iterator[tuple[str, str, str]]:
-        return iter(())
+        yield from argv_problems("gpu_reset", self.gpu_reset, ("gpu", "node"))
+        yield from argv_problems("driver_reload", self.driver_reload, ("node",))
 
     @classmethod
     def from_config(cls, config: MedicConfig) -> RemediationSettings:
@@ -233,6 +267,8 @@ class SweepSettings:
     def problems(self) -> Iterator[tuple[str, str, str]]:
         if not self.probe:
             yield "probe", "is empty", 'give the probe argv, e.g. ["medic", "sweep", "probe"]'
+        elif not self.probe[0]:
+            yield "probe", "starts with an empty program name", "give the program first"
         for arg in self.srun_args:
             if not arg.startswith("-"):
                 yield "srun_args", f"{arg!r} is not an option", "write options as --name=value"

@@ -5,6 +5,7 @@ file, the key and the fix of the first problem (ConfigError)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
@@ -92,6 +93,8 @@ def _convert(value: Any, tp: Any, key: str, meta: Mapping[str, Any]) -> Any:
         raise FieldProblem(key, f"expected {_TYPE_WORDS[tp]}, got {value!r}", "fix the value")
     if tp is float:
         value = float(value)
+        if not math.isfinite(value):  # nan passes every bound check; inf is no setting
+            raise FieldProblem(key, f"{value} is not a finite number", "give a plain number")
     if tp in (int, float):
         low, high = meta.get("minimum"), meta.get("maximum")
         if low is not None and value < low:

@@ -15,7 +15,7 @@ from typing import Any
 
 from healthd.api import HealthdUnavailable, ask
 from medic_core import proc
-from medic_core.config import MedicConfig
+from medic_core.config import ConfigError, MedicConfig
 from medic_core.drain_reason import DrainOutcome, drain_if_allowed, format_reason
 from medic_core.settings import HookSettings, RemediationSettings
 from medic_core.slurm import CliSlurm, SlurmClient, SlurmError, expand_hostlist
@@ -152,7 +152,7 @@ def refuse_launch(
     try:
         fault, drained = drain_through_core(client, config, decision.blocking)
         outcome = drained.value if drained else f"not drained: {fault.why or 'already out'}"
-    except SlurmError as exc:
+    except (SlurmError, ConfigError) as exc:
         print(f"medic-prolog: drain failed: {exc}", file=sys.stderr)
     if settings.release_held and job_id:
         restarts = os.environ.get("SLURM_JOB_RESTART_COUNT", "0")  # absent on a first run

@@ -112,6 +112,10 @@ def main() -> int:
         return 1
     from slurm_hooks.actions import slurm_client
 
-    outcome = health_check(config, settings, slurm_client(config, settings))
+    try:
+        outcome = health_check(config, settings, slurm_client(config, settings))
+    except ConfigError as exc:  # [healthd], [checks.*] or [remediation]: read on the way
+        print(f"medic-healthcheck: {exc}", file=sys.stderr)
+        return 1
     print(f"medic-healthcheck: {config.node_name}: {outcome.message}")
     return 0 if outcome.daemon_up else 1
