@@ -66,6 +66,7 @@ from medic_core.drain_reason import (
 from medic_core.slurm import NodeInfo, SlurmError
 from medic_core.store import Severity, Store
 from remediation import episodes as ep
+from remediation import tickets
 
 SLURM_PERMISSION_FIX = (
     "Slurm decides who may: run as root or SlurmUser, or as a user with AdminLevel=Operator"
@@ -612,6 +613,14 @@ def resume(name: str, reason: str, force: bool, store_url: str | None,
         )
     with opened_store(config, store_url) as store:
         episode = ep.EpisodeStore(store).open_for(name)
+        ticket_ids = tickets.open_tickets(store, name)
+    if ticket_ids and not force:
+        raise AdminError(
+            f"RMA ticket {ticket_ids[0]} is open for {name}",
+            "a node with an open RMA ticket stays out (Medic drains it again at once)",
+            f"close the ticket when the part is replaced (medic rma close {ticket_ids[0]}),"
+            " or --force",
+        )
     if episode is not None and not force:
         raise AdminError(
             f"remediation episode #{episode.id} ({episode.state}, rung "

@@ -18,6 +18,7 @@ from cli.admin import config, events, jobs, remediation
 from cli.lab.cluster import Lab
 from cli.nodes import node, nodes
 from medic_core.store import ConditionUpdate, Store, open_store
+from remediation import tickets
 from remediation.episodes import ACTING, NEEDS_HUMAN, EpisodeStore
 from tests.conftest import poll
 from tests.pg import pg_server, pg_url  # noqa: F401  (pytest fixtures)
@@ -176,6 +177,19 @@ def test_resume_waits_for_an_open_episode(lab: Lab, store: Store) -> None:
         "n4", "acting", "gpu_reset",
     )  # fmt: skip
     forced = run(node, "resume", "n4", "--reason", "impatient", "--force", "--config", conf)
+    assert forced.exit_code == 0, forced.output
+
+
+def test_resume_refuses_a_node_with_an_open_rma_ticket(lab: Lab, store: Store) -> None:
+    conf = str(lab.layout.medic_conf)
+    lab.slurm(["scontrol", "update", "nodename=n3", "state=drain", "reason=medic: gpu.xid.79 2"])
+    ticket = tickets.open_ticket(store, "n3", "gpu.xid.79", "GPU 2 gone", [], {}, "medic")
+    refused = run(node, "resume", "n3", "--reason", "looks fine", "--config", conf)
+    assert refused.exit_code == 1
+    assert f"RMA ticket {ticket.id} is open for n3" in refused.stderr
+    assert f"medic rma close {ticket.id}" in refused.stderr
+    assert "DRAIN" in slurm_node(lab, "n3")["state_flags"]
+    forced = run(node, "resume", "n3", "--reason", "looks fine", "--force", "--config", conf)
     assert forced.exit_code == 0, forced.output
 
 
