@@ -26,7 +26,7 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,6 +157,16 @@ class CheckpointDir:
     def writing(self, step: int) -> Iterator[Path]:
         """Yield an empty directory to write step `step` into; commit it when the block ends
         without an exception, discard it otherwise."""
+        with self._staging(step) as tmp:
+            yield tmp
+
+    @contextlib.contextmanager
+    def _staging(
+        self, step: int, undo: Callable[[Path], str | None] | None = None
+    ) -> Iterator[Path]:
+        """`writing`, with `undo(tmp)` called on failure before the temporary directory is
+        removed: it gives back what it must not lose and returns None, or says why it could
+        not (then the directory is kept and the error names it)."""
         _check_step(step)
         final = self.root / step_name(step)
         if final.exists():
@@ -164,15 +174,33 @@ class CheckpointDir:
                 f"{final}: step {step} is already checkpointed; write a later step or "
                 f"remove {final}"
             )
-        self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f"{TMP_PREFIX}{step:09d}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}"
-        tmp.mkdir()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+        except OSError as exc:
+            raise CheckpointError(
+                f"{self.root}: cannot create a checkpoint there ({exc.strerror or exc}); "
+                f"point {DIR_ENV} (or --dir) at a directory you can write"
+            ) from None
         try:
             yield tmp
-            self._commit(tmp, final, step)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            try:
+                self._commit(tmp, final, step)
+            except OSError as exc:  # a full or read-only file system, an I/O error
+                where = exc.filename or tmp
+                raise CheckpointError(
+                    f"{where}: cannot commit step {step} ({exc.strerror or exc}); free space "
+                    "or fix the file system, then write the step again"
+                ) from None
+        except BaseException as exc:
+            kept = undo(tmp) if undo is not None else None
+            if kept is None:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: as they are
+                raise
+            raise CheckpointError(f"{exc}; and {kept}") from exc
 
     def _commit(self, tmp: Path, final: Path, step: int) -> None:
         if (tmp / MANIFEST).exists():
@@ -223,22 +251,91 @@ class CheckpointDir:
 
     def commit(self, src: Path, step: int, *, move: bool = False) -> Checkpoint:
         """Make the directory `src` checkpoint `step`, atomically: copied (or, with `move`,
-        moved, which is a rename on the same filesystem) into a temporary directory first."""
+        moved, which is a rename on the same filesystem) into a temporary directory first.
+
+        A failed commit never loses `src`: everything is checked before the first file is
+        touched (a symlink or a special file refuses the commit), and with `move` whatever
+        was moved goes back to `src` when the commit fails later (a full disk, another
+        writer); if even that fails, the error names the directory that holds the files."""
         if not src.is_dir():
             raise CheckpointError(f"{src}: not a directory; pass the directory to checkpoint")
-        with self.writing(step) as tmp:
-            for entry in sorted(src.iterdir()):
-                if move:
-                    shutil.move(str(entry), str(tmp / entry.name))
-                elif entry.is_dir() and not entry.is_symlink():
-                    shutil.copytree(entry, tmp / entry.name)
-                else:
-                    shutil.copy2(entry, tmp / entry.name)
+        self._check_source(src, move=move)
+        entries = sorted(src.iterdir())
+        moved: list[str] = []
+
+        def put_back(tmp: Path) -> str | None:
+            lost = []
+            for name in reversed(moved):
+                try:
+                    shutil.move(str(tmp / name), str(src / name))
+                except OSError as exc:
+                    lost.append(f"{name} ({exc.strerror or exc})")
+            if lost:
+                return (
+                    f"could not move {', '.join(lost)} back to {src}: the files are in {tmp}; "
+                    f"move them back by hand before `prune` removes them"
+                )
+            return None
+
+        try:
+            with self._staging(step, put_back if move else None) as tmp:
+                for entry in entries:
+                    if move:
+                        shutil.move(str(entry), str(tmp / entry.name))
+                        moved.append(entry.name)
+                    elif entry.is_dir() and not entry.is_symlink():
+                        shutil.copytree(entry, tmp / entry.name)
+                    else:
+                        shutil.copy2(entry, tmp / entry.name)
+        except (OSError, shutil.Error) as exc:
+            what = "move" if move else "copy"
+            detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise CheckpointError(
+                f"{src}: cannot {what} it into {self.root} ({detail}); {src} is left as it "
+                "was: free space or fix the permissions and commit again"
+            ) from None
         if move:
-            src.rmdir()
+            with contextlib.suppress(OSError):  # a file written into src meanwhile stays
+                src.rmdir()
         found = self.load(self.root / step_name(step))
-        assert found is not None
+        if found is None:
+            raise CheckpointError(
+                f"{self.root / step_name(step)}: committed but unreadable; check the file system"
+            )
         return found
+
+    @staticmethod
+    def _check_source(src: Path, *, move: bool) -> None:
+        """Refuse `src` before anything is copied or moved: only regular files and
+        directories (with a copy, a symlink to a regular file is copied as that file)."""
+
+        def refuse(path: Path, what: str) -> CheckpointError:
+            return CheckpointError(
+                f"{path}: {what}; a checkpoint holds only regular files and directories: "
+                f"copy the target in instead (nothing was {'moved' if move else 'copied'})"
+            )
+
+        if (src / MANIFEST).exists():
+            raise CheckpointError(
+                f"{src / MANIFEST}: name reserved for Medic's manifest; rename the file"
+            )
+
+        def on_error(exc: OSError) -> None:
+            raise CheckpointError(
+                f"{exc.filename}: cannot read it ({exc.strerror}); nothing was committed"
+            )
+
+        for dirpath, dirnames, filenames in os.walk(src, onerror=on_error):
+            here = Path(dirpath)
+            for name in dirnames:
+                if (here / name).is_symlink():
+                    raise refuse(here / name, "a symlink to a directory")
+            for name in filenames:
+                path = here / name
+                if path.is_symlink() and (move or not path.is_file()):
+                    raise refuse(path, "a symlink" if move else "a symlink to no regular file")
+                if not path.is_file():
+                    raise refuse(path, "not a regular file")
 
     # ---- reading -----------------------------------------------------------------------
 

@@ -268,3 +268,155 @@ def test_cli_commit_latest_prune(tmp_path: Path) -> None:
     assert "step 3 is already checkpointed" in result.output
     result = runner.invoke(ckpt, ["latest"], env={"MEDIC_CHECKPOINT_DIR": ""})
     assert result.exit_code == 1 and "set MEDIC_CHECKPOINT_DIR" in result.output
+
+
+# --- a failed commit never loses the source (hardening item 7) ----------------------------------
+
+
+def _job_files(src: Path) -> dict[str, bytes]:
+    (src / "optim").mkdir(parents=True)
+    files = {"model.pt": b"m" * 4096, "optim/state.pt": b"o" * 1024, "optim/step.txt": b"41"}
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    return files
+
+
+def _tree(src: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(src).as_posix(): p.read_bytes()
+        for p in src.rglob("*")
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+@pytest.mark.parametrize("where", ["link", "optim/link", "linked_dir"])
+@pytest.mark.parametrize("move", [True, False])
+def test_a_symlink_in_the_source_refuses_the_commit_and_touches_nothing(
+    tmp_path: Path, where: str, move: bool
+) -> None:
+    """`medic ckpt commit DIR --step N --move` with a symlink inside DIR printed an error and
+    left DIR empty: the model and optimizer files were gone (moved into the temporary
+    directory, which the failed commit then removed)."""
+    src, root = tmp_path / "src", tmp_path / "ck"
+    files = _job_files(src)
+    target = tmp_path / ("elsewhere" if where == "linked_dir" else "elsewhere.bin")
+    if where == "linked_dir":
+        target.mkdir()
+    else:
+        target.write_bytes(b"t")
+    if move or where == "linked_dir":
+        (src / where).symlink_to(target)
+    else:
+        (src / where).symlink_to(tmp_path / "dangling")  # a copy follows links: a dead one
+    args = ["commit", str(src), "--step", "5", "--dir", str(root)]
+    result = CliRunner().invoke(ckpt, [*args, "--move"] if move else args)
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {src / where}: "), result.output
+    assert "nothing was " in lines[0]
+    assert _tree(src) == files  # every byte still there
+    assert (src / where).is_symlink()
+    assert not root.exists() or not list(root.iterdir())
+
+
+def test_a_copy_follows_a_symlink_to_a_file(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = _job_files(src)
+    (tmp_path / "shared.bin").write_bytes(b"s" * 10)
+    (src / "shared.bin").symlink_to(tmp_path / "shared.bin")
+    made = CheckpointDir(tmp_path / "ck").commit(src, 1)
+    assert set(made.files) == {*files, "shared.bin"}
+    assert not (made.path / "shared.bin").is_symlink()
+
+
+COMMIT_WITH_A_FULL_DISK = """
+import resource, signal, sys
+from cli.main import main
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))  # the manifest no longer fits
+sys.argv = ["medic", "ckpt", "commit", sys.argv[1], "--step", "7", "--dir", sys.argv[2], "--move"]
+main()
+"""
+
+
+def test_a_move_that_fails_at_the_manifest_puts_every_file_back(tmp_path: Path) -> None:
+    """A real write failure after the files were moved (the manifest cannot be written, as
+    on a full disk): they go back to SRC and the error is one line."""
+    src, root = tmp_path / "src", tmp_path / "ck"
+    files = _job_files(src)
+    done = proc.run(
+        [sys.executable, "-c", COMMIT_WITH_A_FULL_DISK, str(src), str(root)],
+        timeout=60,
+        cwd=REPO,
+    )
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot commit step 7 (File too large)" in lines[0]
+    assert _tree(src) == files
+    assert list(root.iterdir()) == []  # no step, no temporary directory left
+    made = CheckpointDir(root).commit(src, 7, move=True)  # and it can be committed again
+    assert set(made.files) == set(files) and not src.exists()
+
+
+def test_a_move_that_loses_the_race_for_its_step_puts_every_file_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer commits the same step while ours moves its files in: the rename
+    fails, and the files go back."""
+    import shutil
+
+    src, root = tmp_path / "src", tmp_path / "ck"
+    files = _job_files(src)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "w").write_bytes(b"theirs")
+    real_move = shutil.move
+
+    def move_then_lose(a: str, b: str) -> object:
+        moved = real_move(a, b)
+        if not (root / step_name(3)).exists():
+            CheckpointDir(root).commit(other, 3)  # the other writer wins the step
+        return moved
+
+    monkeypatch.setattr(shutil, "move", move_then_lose)
+    with pytest.raises(CheckpointError, match="another writer may have committed it"):
+        CheckpointDir(root).commit(src, 3, move=True)
+    monkeypatch.undo()
+    assert _tree(src) == files
+    assert _files(CheckpointDir(root)) == [step_name(3)]
+    assert CheckpointDir(root).load(root / step_name(3)) is not None
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv"
+)
+def test_commit_into_a_directory_the_job_cannot_write_is_one_line() -> None:
+    """As an unprivileged user (root writes anywhere): PermissionError was a traceback."""
+    import shutil
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="medic-ckpt-"))
+    try:
+        work.chmod(0o755)
+        src = work / "src"
+        files = _job_files(src)
+        for path in [src, *src.rglob("*")]:
+            os.chown(path, 65534, 65534)
+        root = work / "root-only"
+        root.mkdir(mode=0o755)
+        argv = [
+            "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+            "-c", "import sys; from cli.main import main; sys.argv[0] = 'medic'; main()",
+            "ckpt", "commit", str(src), "--step", "1", "--dir", str(root),
+        ]  # fmt: skip
+        for move in ([], ["--move"]):
+            done = proc.run([*argv, *move], timeout=60, cwd=REPO, env={"PATH": "/usr/bin:/bin"})
+            assert done.returncode == 1, done.stderr
+            assert done.stderr.strip() == (
+                f"Error: {root}: cannot create a checkpoint there (Permission denied); point "
+                "MEDIC_CHECKPOINT_DIR (or --dir) at a directory you can write"
+            )
+            assert _tree(src) == files
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
