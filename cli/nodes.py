@@ -58,6 +58,7 @@ from cli.node_view import (
 )
 from cli.rma import LIST_HEADERS, list_rows, ticket_lines
 from medic_core.drain_reason import (
+    admin_reason_problem,
     as_slurm_stores,
     claims_medic_prefix,
     is_medic_reason,
@@ -524,7 +525,18 @@ def _check_reason(reason: str) -> str:
             "write your own reason, e.g. --reason 'admin: reseat GPU 2 (ticket 1234)'",
             EXIT_USAGE,
         )
+    _refuse_unfit(reason)
     return reason
+
+
+def _refuse_unfit(reason: str) -> None:
+    """An admin's reason too long for Slurm's accounting, or with characters that would not
+    print as themselves in `sinfo -R`, a terminal or a log (NUL, BEL, ESC, RTL overrides)."""
+    unfit = admin_reason_problem(reason)
+    if unfit is not None:
+        problem, fix = unfit
+        raise AdminError(problem, "Slurm, its accounting and every `sinfo -R` keep it as typed",
+                         fix, EXIT_USAGE)  # fmt: skip
 
 
 def _record(config: Any, store_url: str | None, name: str, what: str, reason: str,
@@ -598,6 +610,7 @@ def resume(name: str, reason: str, force: bool, store_url: str | None,
     if not reason:
         raise AdminError("--reason is empty", "every manual action must say why",
                          "give --reason TEXT", EXIT_USAGE)  # fmt: skip
+    _refuse_unfit(reason)
     config = load(config_path)
     info = _must_exist(config, name)
     down = "DOWN" in (info.state, *info.flags)

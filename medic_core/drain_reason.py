@@ -8,6 +8,7 @@ it and never resumes such a node (LBNL NHC's rule).
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -29,8 +30,51 @@ class MedicReason:
     evidence: str
 
 
+# An admin's reason: slurmdbd keeps a node event's reason in a TINYTEXT (255 bytes).
+MAX_ADMIN_REASON = 255
+# Unicode categories never printed as they are into a reason: controls (NUL, BEL, ESC ...),
+# format characters (RTL/LTR overrides and isolates, zero-width ones), surrogates, private
+# use and unassigned code points. Whitespace controls (\n, \t) collapse to spaces first.
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
+
+
+def printable(text: str) -> str:
+    """`text` with every character that a terminal, `sinfo` or a log would not show as
+    itself (or would use to reorder what follows) replaced by "?"."""
+    if text.isprintable() and text.isascii():
+        return text
+    return "".join(
+        "?" if unicodedata.category(c) in _UNPRINTABLE and not c.isspace() else c for c in text
+    )
+
+
+def unprintable(text: str) -> list[str]:
+    """The characters of `text` that `printable` would replace, as U+XXXX names."""
+    found = {c for c in text if unicodedata.category(c) in _UNPRINTABLE and c not in " \t\n\r"}
+    return [f"U+{ord(c):04X}" for c in sorted(found)]
+
+
+def admin_reason_problem(reason: str) -> tuple[str, str] | None:
+    """(problem, fix) when an admin's reason (`medic node drain|reboot --reason`) cannot go
+    to Slurm as it is: longer than MAX_ADMIN_REASON UTF-8 bytes, or holding characters that
+    would not show as themselves (NUL, BEL, escape sequences, RTL overrides)."""
+    size = len(reason.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_ADMIN_REASON:
+        return (
+            f"--reason is {size} bytes, over the {MAX_ADMIN_REASON} bytes Slurm's accounting keeps",
+            "say it shortly and put the details in a ticket",
+        )
+    bad = unprintable(reason)
+    if bad:
+        return (
+            f"--reason holds characters that do not print as themselves ({', '.join(bad[:5])})",
+            "type plain text",
+        )
+    return None
+
+
 def _word(text: str) -> str:
-    return "_".join(text.split())
+    return "_".join(printable(text).split())
 
 
 def _fit(text: str, limit: int) -> str:
@@ -41,14 +85,15 @@ def _fit(text: str, limit: int) -> str:
 def format_reason(fault_class: str, where: str = "", evidence: str = "") -> str:
     """`medic: <fault class> <where> <evidence>` in at most MAX_REASON bytes; the evidence
     is cut first. A bare GPU index becomes `gpuN`; an empty `where` is `node`. Whitespace
-    (newlines included) collapses to single spaces, and "=" becomes ":" so that tools that
-    split `scontrol show node` output on "=" keep the reason whole."""
+    (newlines included) collapses to single spaces, "=" becomes ":" so that tools that
+    split `scontrol show node` output on "=" keep the reason whole, and what would not print
+    as itself (NUL, BEL, ESC, RTL overrides, zero-width characters) becomes "?"."""
     where = _word(where)
     where = f"gpu{where}" if where.isdigit() else (where or NODE_WIDE)
     head = f"{PREFIX}{_word(fault_class) or 'unknown'} {where}"
     if len(head.encode()) > MAX_REASON:
         return _fit(head, MAX_REASON)
-    text = " ".join(evidence.replace("=", ":").split())
+    text = " ".join(printable(evidence).replace("=", ":").split())
     if not text:
         return head
     room = MAX_REASON - len(head.encode()) - 1
