@@ -11,7 +11,8 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from healthd.api import HealthdUnavailable, ask
 from medic_core import proc
@@ -32,6 +33,11 @@ from remediation.decide import (
     decide_fault,
 )
 from slurm_hooks.resilient import parse_resilient
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+    from medic_core.store import Store
 
 log = logging.getLogger("medic.hooks")
 
@@ -57,32 +63,83 @@ def drain_reason_for(finding: Finding) -> str:
 
 
 def record_event(config: MedicConfig, event: Mapping[str, Any]) -> None:
-    """Through the daemon (cheap: no database import in a hook); straight into the store
-    when the daemon is down. Recording never fails a hook."""
+    """Write-ahead into the node's journal (medic_core.journal), then through the daemon
+    (cheap: no database import in a hook), or straight into the store when the daemon is
+    down; the journal entry is dropped once either took the event. When neither did (the
+    store down or its disk full), the entry stays and is replayed, with its time, when the
+    store is back (`replay_journal`). Recording never fails a hook: one line on stderr."""
+    import datetime as dt
+
+    from medic_core import journal
+
+    at = dt.datetime.now(dt.UTC)
+    try:
+        entry: Path | None = journal.write_ahead(config.paths, config.node_name, event, at)
+    except journal.JournalFull as exc:
+        entry = None
+        kept = f"not kept locally either ({exc})"
     try:
         ask(config.paths.socket, {"op": "event", **event}, timeout=2.0)
-        return
-    except HealthdUnavailable:
-        pass
-    try:
-        import datetime as dt
+        why = ""
+    except HealthdUnavailable as exc:
+        why = str(exc)
+    if why:
+        try:
+            from medic_core.store import open_configured_store
 
+            with open_configured_store(config) as store:
+                _add(store, config.node_name, at, event)
+            why = ""
+        except Exception as exc:  # the store is down too: the journal keeps it
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if not why:
+        if entry is not None:
+            journal.delivered(entry)
+        return
+    if entry is not None:
+        kept = f"kept in {entry}, replayed when the store is back"
+    print(f"medic: could not record {event.get('kind')}: {why}; {kept}", file=sys.stderr)
+
+
+def _add(store: Store, node: str, at: dt.datetime, event: Mapping[str, Any]) -> None:
+    store.add_event(
+        node=node,
+        at=at,
+        kind=str(event["kind"]),
+        severity=str(event.get("severity", "INFO")),
+        source=str(event.get("source", "hook")),
+        message=str(event.get("message", "")),
+        fault_class=str(event.get("fault_class", "")),
+        target=str(event.get("target", "")),
+        evidence=dict(event.get("evidence") or {}),
+    )
+
+
+def replay_journal(config: MedicConfig, limit: int = 1000) -> str:
+    """Deliver what the journal kept into the store (the health check calls it every
+    interval; cheap when there is nothing: one directory listing). One line, or ""."""
+    from medic_core import journal
+
+    if not journal.pending(config.paths):
+        return ""
+    try:
         from medic_core.store import open_configured_store
 
-        with open_configured_store(config) as store:
-            store.add_event(
-                node=config.node_name,
-                at=dt.datetime.now(dt.UTC),
-                kind=str(event["kind"]),
-                severity=str(event.get("severity", "INFO")),
-                source=str(event.get("source", "hook")),
-                message=str(event.get("message", "")),
-                fault_class=str(event.get("fault_class", "")),
-                target=str(event.get("target", "")),
-                evidence=dict(event.get("evidence") or {}),
-            )
-    except Exception as exc:  # the store is down too: stderr is all that is left
-        print(f"medic: could not record {event.get('kind')}: {exc}", file=sys.stderr)
+        store = open_configured_store(config)
+    except Exception as exc:
+        left = len(journal.pending(config.paths))
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"journal: {left} events wait for the store ({first})"
+    with store:
+        done = journal.replay(
+            config.paths, lambda e: _add(store, e.node, e.at, e.event), limit=limit
+        )
+    line = f"journal: {done.delivered} events replayed into the store, {done.left} left"
+    if done.stopped:
+        line += f" ({done.stopped})"
+    for aside in done.set_aside:
+        line += f"; set aside {aside}"
+    return line
 
 
 def record_gate(config: MedicConfig, job_id: str, verdict: Verdict, decision: GateDecision) -> None:

@@ -8,6 +8,8 @@ nothing but SLURMD_NODENAME in its environment).
   node (the ladder returns its nodes itself). A drain set by anyone else is never touched.
 * The daemon being down is reported (exit 1, which slurmd logs) and the launch tier runs
   inline instead, so a CRITICAL node is still drained.
+* Events the hooks could not record (the store down or its disk full) wait in the node's
+  journal (medic_core.journal); each run replays them into the store once it takes writes.
 """
 
 from __future__ import annotations
@@ -118,4 +120,9 @@ def main() -> int:
         print(f"medic-healthcheck: {exc}", file=sys.stderr)
         return 1
     print(f"medic-healthcheck: {config.node_name}: {outcome.message}")
+    from slurm_hooks.actions import replay_journal
+
+    replayed = replay_journal(config)  # events the hooks kept while the store was away
+    if replayed:
+        print(f"medic-healthcheck: {config.node_name}: {replayed}")
     return 0 if outcome.daemon_up else 1
