@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from healthd.checks.base import CheckContext, Tier
@@ -130,12 +130,22 @@ class DaemonLadderHost:
             node=self.daemon.node,
             fault_class=episode.fault_class,
             summary=f"{episode.fault_class} on {self.daemon.node}: {why}",
-            gpus=[
-                g
-                for g in self.daemon.gpu_identities()
-                if not episode.target.isdigit() or g["index"] == int(episode.target)
-            ],
+            gpus=ticket_gpus(episode, self.daemon.gpu_identities),
             evidence=evidence,
             actor="medic-ladder",
         )
         return int(ticket.id)
+
+
+def ticket_gpus(
+    episode: ep.Episode, identities: Callable[[], list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """The GPUs an RMA ticket names: the faulty one for a GPU fault on one GPU, every GPU for
+    a GPU fault on the node, none for a part that is not a GPU (an HCA's port, a service, a
+    filesystem: the ticket's evidence names that part)."""
+    if not episode.fault_class.startswith("gpu."):
+        return []
+    gpus = identities()
+    if episode.target.isdigit():
+        return [g for g in gpus if g.get("index") == int(episode.target)]
+    return gpus

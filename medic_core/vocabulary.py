@@ -5,8 +5,9 @@ decision core reads them, the actions carry them out; nothing here imports anyth
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -49,6 +50,9 @@ class Finding:
     target: str
     message: str
     recommendation: Recommendation = Recommendation.DRAIN
+    # What the check saw (an HCA's port and GUID, an XID's follow-up): carried to the
+    # episode and an RMA ticket; never part of a decision's equality.
+    evidence: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Finding:
@@ -68,10 +72,11 @@ class Finding:
             target=str(data.get("target") or ""),
             message=str(data.get("message", "")),
             recommendation=Recommendation.parse(word),
+            evidence=storable_evidence(evidence),
         )
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "check": self.check,
             "status": self.status.value,
             "fault_class": self.fault_class,
@@ -79,6 +84,29 @@ class Finding:
             "message": self.message,
             "recommendation": self.recommendation.value,
         }
+        if self.evidence:
+            data["evidence"] = dict(self.evidence)
+        return data
+
+
+EVIDENCE_LIMIT = 8192  # bytes of JSON a finding carries into an episode or a ticket
+
+
+def storable_evidence(evidence: object) -> dict[str, Any]:
+    """A check's evidence as a plain JSON object both stores accept (no NaN, no NUL, at most
+    EVIDENCE_LIMIT bytes); anything else is replaced by a note saying why it was dropped."""
+    if not isinstance(evidence, Mapping) or not evidence:
+        return {}
+    try:
+        text = json.dumps(dict(evidence), allow_nan=False, default=str)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return {"dropped": f"evidence is not JSON: {type(exc).__name__}"}
+    if "\\u0000" in text:
+        return {"dropped": "evidence contains a NUL character"}
+    if len(text) > EVIDENCE_LIMIT:
+        return {"dropped": f"evidence is {len(text)} bytes; the limit is {EVIDENCE_LIMIT}"}
+    decoded: dict[str, Any] = json.loads(text)
+    return decoded
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,12 @@ def test_ib_port_down_is_rechecked_and_returns_when_the_link_does(
         0,
         ep.VERIFYING,
     )
+    [seen] = episode.evidence["findings"]
+    assert (seen["target"], seen["evidence"]["hca"], seen["evidence"]["port"]) == (
+        "mlx5_4/1",
+        "mlx5_4",
+        1,
+    ), seen
     port.write_text(up)
     episode = wait_closed(store, "n3", timeout=60)
     assert episode.state == ep.RESOLVED, episode.message
