@@ -161,6 +161,9 @@ class FaultDecision:
     rung: Rung | None = None
     pause: str = ""  # set the fleet-wide pause with this reason
     jobs: tuple[JobDecision, ...] = ()
+    # The recommendation the episode acts on: the finding's, or its follow-up (XID 94: the
+    # application restarts now, the GPU is reset once the node is idle).
+    recommendation: Recommendation | None = None
 
     @property
     def requeued(self) -> tuple[str, ...]:
@@ -197,12 +200,18 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
     first = primary(findings)
     rec = first.recommendation
     reason = format_reason(first.fault_class or first.check, first.target, first.message)
+    restarts: tuple[JobDecision, ...] | None = None
     if rec is Recommendation.RESTART_APP and first.status is not Status.CRITICAL:
-        # The application must restart; the node is fine: requeue, no drain, no episode.
+        # The application must restart: requeue. The node is fine (no drain, no episode)
+        # unless the catalog names a follow-up, which goes on as a fault of its own.
         restarts = _jobs(facts, first, reason, keep_running=False)
-        return FaultDecision(
-            False, reason, "restart the application", EpisodeMove.NONE, jobs=restarts
-        )
+        word = first.evidence.get("follow_up")
+        follow_up = Recommendation.parse(word) if word else Recommendation.NONE
+        if follow_up in (Recommendation.NONE, Recommendation.RESTART_APP):
+            return FaultDecision(
+                False, reason, "restart the application", EpisodeMove.NONE, jobs=restarts
+            )
+        rec = follow_up
     if rec is Recommendation.NONE and first.status is not Status.CRITICAL:
         return FaultDecision(False, reason, "report only", EpisodeMove.NONE)
     # Drain: never over another's reason, never past the cap (a node already Medic's
@@ -241,7 +250,9 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
         elif state in (WAITING_IDLE, VERIFYING) and (facts.rails.paused or facts.rails.signature):
             state, why = PAUSED, facts.rails.signature or facts.rails.paused
     jobs: tuple[JobDecision, ...] = ()
-    if not when_idle:
+    if restarts is not None:
+        jobs = restarts
+    elif not when_idle:
         jobs = _jobs(facts, first, reason, keep_running=not out)
     return FaultDecision(
         drain=drain,
@@ -253,6 +264,7 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
         rung=rung,
         pause=facts.rails.signature if episode is EpisodeMove.OPEN else "",
         jobs=jobs,
+        recommendation=rec,
     )
 
 

@@ -204,7 +204,7 @@ class Ladder:
             fault_class=first.fault_class,
             target=first.target,
             check=first.check,
-            recommendation=first.recommendation.value,
+            recommendation=(decision.recommendation or first.recommendation).value,
             rung=int(decision.rung or 0),
             message=first.message + (f" ({decision.why})" if decision.why else ""),
             evidence={"findings": [f.as_json() for f in findings]},

@@ -15,6 +15,7 @@ from remediation.decide import (
     NEEDS_HUMAN,
     PAUSED,
     WAITING_CAP,
+    WAITING_IDLE,
     EpisodeMove,
     FaultFacts,
     JobFacts,
@@ -172,6 +173,33 @@ def test_restart_app_requeues_the_resilient_job_without_a_drain() -> None:
     assert d.episode is EpisodeMove.NONE
     assert d.requeued == ("7",)
     assert [j.action for j in d.jobs] == ["requeue", "not_resilient"]
+
+
+XID94_CATALOG = Finding(
+    "gpu_xid", Status.WARN, "gpu.xid.94", "1", "contained ECC error",
+    Recommendation.RESTART_APP, evidence={"follow_up": "gpu_reset_when_idle", "xid": 94},
+)  # fmt: skip
+
+
+def test_xid_94_restarts_the_app_now_and_resets_the_gpu_once_idle() -> None:
+    """NVIDIA's catalog: RESTART_APP now, and reset the GPU when convenient. The resilient
+    job is requeued; the node takes no new job and its GPU is reset once idle."""
+    plain = JobFacts("8", "RUNNING", None, False, False)
+    d = decide_fault([XID94_CATALOG], FaultFacts("n1", IN_SERVICE, (resilient(), plain)))
+    assert d.requeued == ("7",)
+    assert [j.action for j in d.jobs] == ["requeue", "not_resilient"]
+    assert d.drain and d.episode is EpisodeMove.OPEN
+    assert (d.state, d.rung, d.recommendation) == (
+        WAITING_IDLE, Rung.GPU_RESET, Recommendation.GPU_RESET_WHEN_IDLE,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("word", ["", "none", "restart_app"])
+def test_a_follow_up_that_is_no_repair_leaves_the_node_in_service(word: str) -> None:
+    finding = Finding("gpu_xid", Status.WARN, "gpu.xid.94", "1", "contained",
+                      Recommendation.RESTART_APP, evidence={"follow_up": word})  # fmt: skip
+    d = decide_fault([finding], FaultFacts("n1", IN_SERVICE, (resilient(),)))
+    assert not d.drain and d.episode is EpisodeMove.NONE and d.requeued == ("7",)
 
 
 # --- 12: a job pinned with -w is told ---------------------------------------------------------

@@ -191,11 +191,15 @@ FAULT_CLASSES = {
 ADMIN_REASONS = ("admin: reseat GPU 2 (ticket 1234)", "maintenance", "Not responding", "bios")
 
 
-def finding(fault_class: str, status: Status, recommendation: Recommendation) -> Finding:
-    """One check result: the fault class names its target (a GPU, a service, a port)."""
+def finding(
+    fault_class: str, status: Status, recommendation: Recommendation, follow_up: str = ""
+) -> Finding:
+    """One check result: the fault class names its target (a GPU, a service, a port); a
+    catalog follow-up (XID 94: reset the GPU once idle) rides in its evidence."""
     return Finding(
-        "check", status, fault_class, FAULT_CLASSES[fault_class], "fault", recommendation
-    )
+        "check", status, fault_class, FAULT_CLASSES[fault_class], "fault", recommendation,
+        evidence={"follow_up": follow_up} if follow_up else {},
+    )  # fmt: skip
 
 
 finding_st = st.builds(
@@ -203,6 +207,7 @@ finding_st = st.builds(
     fault_class=st.sampled_from(sorted(FAULT_CLASSES)),
     status=st.sampled_from([Status.CRITICAL, Status.WARN, Status.UNKNOWN]),
     recommendation=st.sampled_from(list(Recommendation)),
+    follow_up=st.sampled_from(["", "", "gpu_reset_when_idle", "reboot"]),
 )
 findings_st = st.lists(finding_st, min_size=1, max_size=3).map(tuple)
 # Faults, jobs and admins act on the first few nodes, so that they meet; the fleet's size
@@ -378,7 +383,7 @@ class FleetModel(RuleBasedStateMachine):
         facts = self.fault_facts(node, findings, requeue_resilient)
         before = {j.job_id: j.ledger for j in facts.jobs}
         decision = decide_fault(findings, facts)
-        self.check_decision(facts, decision)
+        self.check_decision(facts, decision, primary(findings))
         # Ladder._record
         if decision.episode is EpisodeMove.OPEN:
             first = primary(findings)
@@ -416,14 +421,18 @@ class FleetModel(RuleBasedStateMachine):
             grew = jd.ledger.restarts - old.restarts
             assert grew == (0 if key in old.charged else 1), (key, old, jd.ledger)
 
-    def check_decision(self, facts: FaultFacts, d: FaultDecision) -> None:
+    def check_decision(self, facts: FaultFacts, d: FaultDecision, first: Finding) -> None:
         owner = facts.slurm.owner
         assert not (d.drain and owner == "other"), "drains over someone else's reason"
         assert not (d.drain and facts.rails.cap and owner != "medic"), "drains past the cap"
         if d.requeued:
             # a requeued job must not land back on the node: drained now or already out,
-            # except restart_app (the node is fine, the application restarts)
-            restart_app = d.episode is EpisodeMove.NONE
+            # except restart_app (the application restarts wherever it lands; a follow-up
+            # such as XID 94's reset once idle may keep the node out, or the cap may not)
+            restart_app = (
+                first.recommendation is Recommendation.RESTART_APP
+                and first.status is not Status.CRITICAL
+            )
             assert d.drain or owner != "" or restart_app, f"requeue, node left in service: {d}"
             assert not (d.drain and owner == "other")
         if d.episode is not EpisodeMove.NONE and owner == "" and not facts.rails.cap:

@@ -117,6 +117,7 @@ MATRIX = [
     ("xid64", 2, ["xid=64"], Rung.GPU_RESET, ep.RESOLVED),
     ("xid74_nvlink", 3, ["xid=74"], Rung.GPU_RESET, ep.RESOLVED),
     ("xid79_off_the_bus", 4, ["xid=79"], Rung.REBOOT, ep.RESOLVED),
+    ("xid94_contained_reset_once_idle", 4, ["xid=94"], Rung.GPU_RESET, ep.RESOLVED),
     ("xid95_uncontained", 5, ["xid=95"], Rung.GPU_RESET, ep.RESOLVED),
     ("xid119_gsp", 6, ["xid=119"], Rung.GPU_RESET, ep.RESOLVED),
     ("ecc_dbe", 7, ["ecc.dbe=1"], Rung.GPU_RESET, ep.RESOLVED),
@@ -405,10 +406,11 @@ def test_pause_switch_stops_the_ladder(lab: Lab, store: Store) -> None:
     assert ladder.tick() is not None and ep.EpisodeStore(store).steps(admission.episode.id) == []
 
 
-@pytest.mark.parametrize("xid", [63, 94])
+@pytest.mark.parametrize("xid", [63, 13])
 def test_application_and_ignorable_xids_start_nothing(lab: Lab, store: Store, xid: int) -> None:
-    """XID 63 (IGNORE: a page retirement recorded) and 94 (RESTART_APP: a contained ECC
-    error, the application's to restart) are recorded, and the node stays in service."""
+    """XID 63 (IGNORE: a page retirement recorded) and 13 (RESTART_APP: the application's
+    to restart, no follow-up) are recorded, and the node stays in service. XID 94 restarts
+    the application and resets the GPU once idle: the matrix."""
     lab.start_healthd("n1")
     poll("first round", lambda: bool(store.conditions("n1", type="gpu_xid")), timeout=20)
     lab.inject("n1", 3, [f"xid={xid}"])
