@@ -6,8 +6,9 @@ runs at once. Results go to the store: CONDITION results become conditions (thei
 moves only when status or reason changes), EVENT results become events; a fresh fault goes
 to the remediation ladder's thread (`healthd.ladder_thread`). A local socket
 (`healthd.socket_api`) answers the Slurm hooks and the CLI, the launch questions through the
-launch gate (`healthd.launch_gate`). systemd: Type=notify with a watchdog, SIGHUP reloads the
-configuration, SIGTERM stops cleanly.
+launch gate (`healthd.launch_gate`). systemd: Type=notify with a watchdog that is pinged only
+while the scheduler and the XID listener make progress (`healthd.watchdog`), SIGHUP reloads
+the configuration, SIGTERM stops cleanly.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from healthd.metrics import DaemonMetrics
 from healthd.results import SEVERITY_OF, merge_by_target
 from healthd.runner import Runner, RunReport
 from healthd.socket_api import SocketApi
+from healthd.watchdog import Heartbeat, Watchdog
 from healthd.xid_listener import EventKind, GpuEvent
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.settings import DaemonSettings
@@ -66,6 +68,7 @@ class HealthDaemon:
         self.metrics = DaemonMetrics(self.node)
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self.heartbeat = Heartbeat()  # the scheduler went round: the watchdog reads it
         # check name -> (monotonic time of its last run, its condition results)
         self._latest: dict[str, tuple[float, tuple[Result, ...]]] = {}
         self._record_lock = threading.Lock()
@@ -339,8 +342,11 @@ class HealthDaemon:
             self.ladder.stop()
 
     def loop(self) -> None:
+        # Idle, the scheduler still goes round every half WatchdogSec: the watchdog sees it
+        # beat, and an idle scheduler never looks stalled.
         watchdog = sdnotify.watchdog_period()
         last_prune = 0.0
+        self.heartbeat.beat()
         while not self._stop.is_set():
             self._wake.clear()
             try:
@@ -350,7 +356,7 @@ class HealthDaemon:
                     last_prune = time.monotonic()
             except Exception:  # the daemon outlives any single failure; the watchdog does not
                 log.exception("scheduler iteration failed")
-            sdnotify.notify("WATCHDOG=1")
+            self.heartbeat.beat()
             wait = self.seconds_to_next()
             if watchdog is not None:
                 wait = min(wait, watchdog)
@@ -376,6 +382,18 @@ def build_daemon(config: MedicConfig) -> HealthDaemon:
     daemon.kmsg = KmsgWatcher(config.paths.host_root / "dev" / "kmsg", daemon.wake_checks)
     daemon.attach(attach_ladder(daemon))
     return daemon
+
+
+def watch_progress(
+    daemon: HealthDaemon, period: float, notify: Callable[[str], object] = sdnotify.notify
+) -> Watchdog:
+    """systemd's watchdog for `daemon`: WATCHDOG=1 every `period` (half of WatchdogSec) while
+    the check scheduler and the XID listener have both made progress within WatchdogSec."""
+    watchdog = Watchdog(period, stall_after=2 * period, notify=notify)
+    watchdog.watch("the check scheduler", daemon.heartbeat.stalled_for)
+    if daemon.gpu is not None:
+        watchdog.watch("the XID listener", daemon.gpu.stalled_for)
+    return watchdog
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -414,10 +432,16 @@ def main(argv: list[str] | None = None) -> int:
         daemon.kmsg.start()
     if daemon.ladder is not None:  # also continues an episode a restart interrupted
         daemon.ladder.start()
+    period = sdnotify.watchdog_period()  # None: not run by systemd with WatchdogSec
+    watchdog = None if period is None else watch_progress(daemon, period)
     sdnotify.notify("READY=1")
+    if watchdog is not None:
+        watchdog.start()
     try:
         daemon.loop()
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         sdnotify.notify("STOPPING=1")
         if daemon.kmsg is not None:
             daemon.kmsg.stop()

@@ -47,6 +47,12 @@ class GpuPlumbing:
         if self.on_xid is not None:
             self.on_xid(checks_for(event))
 
+    def stalled_for(self) -> float | None:
+        """Seconds since the XID listener last showed progress (None: not started); the
+        listener is a new one after a driver reload, so this always asks the current one."""
+        listener = self.listener
+        return None if listener is None else listener.stalled_for()
+
     def extend(self, ctx: CheckContext) -> CheckContext:
         return dataclasses.replace(ctx, nvml=GpuContext(self.client, self.xids, self.jobs))
 

@@ -66,7 +66,9 @@ class GpuEvent:
 class ListenerStatus:
     registered: dict[int, int] = field(default_factory=dict)  # GPU -> event mask
     lost: set[int] = field(default_factory=set)
-    heartbeat: float | None = None  # monotonic time the last wait returned
+    # Monotonic time the thread last showed progress: started, or came back from NVML (a
+    # registration attempt or an event wait). None before start().
+    heartbeat: float | None = None
     events: int = 0
     errors: int = 0
 
@@ -102,6 +104,7 @@ class XidListener:
             return self._ready.is_set()
         self._stop.clear()
         self._ready.clear()
+        self.status.heartbeat = self._clock()
         self._thread = threading.Thread(target=self._main, name="xid-listener", daemon=True)
         self._thread.start()
         return self._ready.wait(ready_timeout)
@@ -119,7 +122,9 @@ class XidListener:
         return not thread.is_alive()
 
     def stalled_for(self) -> float | None:
-        """Seconds since the last wait returned, for a watchdog (None before the first)."""
+        """Seconds since the thread last showed progress (it started, or a registration
+        attempt or an event wait returned), for the daemon's watchdog: a hung NVML call
+        leaves it stuck in C. None before start()."""
         beat = self.status.heartbeat
         return None if beat is None else self._clock() - beat
 
@@ -154,6 +159,7 @@ class XidListener:
         event_set = None
         while event_set is None and not self._stop.is_set():
             event_set = self._register()
+            self.status.heartbeat = self._clock()  # back from NVML, registered or not
             if event_set is None:
                 self._stop.wait(ERROR_BACKOFF_SECONDS * 5)
         self._ready.set()
