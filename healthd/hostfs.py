@@ -71,9 +71,19 @@ def read_value(root: Path, rel: str) -> str | None:
 
 
 def read_int(root: Path, rel: str) -> int | None:
-    """An integer attribute; a value that is not an integer raises ValueError."""
+    """An integer attribute; a value that is not an integer raises ValueError naming the
+    file and (the start of) what it holds."""
     text = read_value(root, rel)
-    return None if text is None else int(text, 0)
+    if text is None:
+        return None
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise ValueError(f"{rel}: {_clip(text)} is not an integer") from None
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def list_dir(root: Path, rel: str) -> list[str] | None:
@@ -84,16 +94,27 @@ def list_dir(root: Path, rel: str) -> list[str] | None:
         return None
 
 
+# CPU and NUMA node ids: Linux builds with at most 8192 CPUs (NR_CPUS); a list reaching past
+# this is not the kernel's, and expanding it would take the memory and time of a hang.
+MAX_RANGE_ID = 1 << 16
+
+
 def parse_range_list(text: str) -> frozenset[int]:
-    """A kernel CPU/node list such as "0-3,8,10-11" (empty text is the empty set)."""
+    """A kernel CPU/node list such as "0-3,8,10-11" (empty text is the empty set); anything
+    else, or an id above MAX_RANGE_ID, raises ValueError with (the start of) the text."""
     out: set[int] = set()
     for part in text.strip().split(","):
         if not part:
             continue
         low, sep, high = part.partition("-")
-        first, last = int(low), int(high) if sep else int(low)
-        if last < first:
-            raise ValueError(f"bad range {part!r} in {text!r}")
+        try:
+            first, last = int(low), int(high) if sep else int(low)
+        except ValueError:
+            raise ValueError(f"{_clip(part)} in {_clip(text)} is not a range of ids") from None
+        if not 0 <= first <= last:
+            raise ValueError(f"bad range {_clip(part)} in {_clip(text)}")
+        if last > MAX_RANGE_ID:
+            raise ValueError(f"range {_clip(part)} reaches past id {MAX_RANGE_ID}")
         out.update(range(first, last + 1))
     return frozenset(out)
 

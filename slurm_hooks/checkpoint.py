@@ -126,6 +126,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _inside(name: str) -> bool:
+    """A manifest's file name that stays inside the checkpoint: relative, no `..`, no NUL."""
+    parts = name.split("/")
+    return bool(name) and not name.startswith("/") and "\0" not in name and ".." not in parts
+
+
 class CheckpointDir:
     """The checkpoints of one job: `root/step-NNNNNNNNN/` plus a manifest in each."""
 
@@ -359,11 +365,21 @@ class CheckpointDir:
                 restart_count=int(raw.get("restart_count", 0)),
                 files=entries,
             )
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            OverflowError,
+            RecursionError,
+        ):
             return None
         if step != int(match.group(1)):
             return None
         for name, entry in entries.items():
+            if not _inside(name):  # a manifest names its own files, nothing outside them
+                return None
             file = path / name
             try:
                 if not file.is_file() or file.stat().st_size != entry.size:

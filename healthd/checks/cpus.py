@@ -76,8 +76,15 @@ class CpusCheck(Check[CpusObservation, CpusConfig]):
                     f"{CPU_DIR}/online or /possible is missing",
                 )
             ]
-        online = parse_range_list(observation.online)
-        possible = parse_range_list(observation.possible)
+        try:
+            online = parse_range_list(observation.online)
+            possible = parse_range_list(observation.possible)
+        except ValueError as exc:
+            return [
+                fault(
+                    NAME, Status.UNKNOWN, "check.read_error", f"{CPU_DIR}/online or possible: {exc}"
+                )
+            ]
         evidence = {"online": observation.online, "possible": observation.possible}
         results: list[Result] = []
         offline = possible - online
