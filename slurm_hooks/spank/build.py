@@ -56,6 +56,11 @@ def compile_c(
 ) -> Path:
     """gcc -O2 -Wall -Werror `flags` `source` `libs` into `output`, through a temporary file
     renamed into place: whatever runs or loads `output` never sees a half-written file."""
+    if not source.is_file():
+        raise BuildError(
+            f"{source} is missing from this install: reinstall slurm-medic from a wheel or"
+            " sdist that ships it"
+        )
     tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
     argv = ["gcc", "-O2", "-Wall", "-Werror", *flags, "-o", str(tmp), str(source), *libs]
     result = proc.run(argv, timeout=timeout)
@@ -71,7 +76,8 @@ def gcc_message(result: proc.CommandResult) -> str:
         return f"cannot run gcc ({result.start_error}); install gcc"
     if result.timed_out:
         return f"gcc timed out after {result.seconds:.0f}s"
-    errors = [line for line in result.stderr.splitlines() if ": error:" in line]
+    # "x.c:3:5: error: ...", and "gcc: fatal error: ..." for a file gcc cannot read
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
     return (errors[0] if errors else result.describe_failure()).strip()
 
 

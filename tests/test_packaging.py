@@ -1,0 +1,98 @@
+"""What ships is what is tested: the wheel built from the tracked files carries every file the
+packages need, and the C parts (medic-hook, the SPANK plugin) build from the installed wheel
+alone, outside the source tree."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import sysconfig
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from medic_core import proc
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("medic_core", "healthd", "slurm_hooks", "remediation", "cli")
+
+
+def tracked_files() -> list[str]:
+    result = proc.run(["git", "-C", str(ROOT), "ls-files", "-z"], timeout=30)
+    if not result.ok:
+        pytest.skip(f"not a git checkout: {result.describe_failure()}")
+    return [name for name in result.stdout.split("\0") if name]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The wheel pip builds from a copy of the tracked files (no build/ left from elsewhere)."""
+    work = tmp_path_factory.mktemp("wheel")
+    src = work / "src"
+    for name in tracked_files():
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    out = work / "dist"
+    built = proc.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
+        timeout=300,
+    )
+    assert built.ok, built.describe_failure()
+    [path] = out.glob("slurm_medic-*.whl")
+    yield path
+
+
+def test_the_wheel_ships_every_file_of_the_packages(wheel: Path) -> None:
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    needed = {
+        name for name in tracked_files() if name.split("/")[0] in PACKAGES and "/tests/" not in name
+    }
+    missing = sorted(needed - shipped)
+    assert not missing, f"the wheel lacks {missing}: add them to [tool.setuptools.package-data]"
+    assert "slurm_hooks/native/medic_hook.c" in shipped
+
+
+def test_medic_hook_and_the_spank_plugin_build_from_the_installed_wheel(
+    wheel: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "site"
+    installed = proc.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+         str(wheel)],
+        timeout=300,
+    )  # fmt: skip
+    assert installed.ok, installed.describe_failure()
+    # -S: no site processing, so the source tree this venv points at (a .pth line) is not on
+    # the path; the dependencies come from the venv's site-packages by PYTHONPATH.
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{target}{os.pathsep}{sysconfig.get_paths()['purelib']}",
+    }
+
+    def run(*argv: str) -> proc.CommandResult:
+        return proc.run([sys.executable, "-S", *argv], cwd=tmp_path, env=env, timeout=120)
+
+    where = run("-c", "import slurm_hooks; print(slurm_hooks.__file__)")
+    assert where.ok, where.describe_failure()
+    assert where.stdout.startswith(str(target)), where.stdout
+    hook = run("-m", "slurm_hooks.native.build", str(tmp_path / "bin"), "--prolog", "/bin/true")
+    assert hook.ok, hook.describe_failure()
+    assert (tmp_path / "bin" / "medic-hook").stat().st_mode & 0o111
+    plugin = run("-m", "slurm_hooks.spank.build", str(tmp_path / "lib"))
+    assert plugin.ok, plugin.describe_failure()
+    assert (tmp_path / "lib" / "medic_resilient.so").is_file()
+
+
+def test_a_missing_source_is_one_line_naming_it(tmp_path: Path) -> None:
+    from slurm_hooks.spank.build import BuildError, compile_c
+
+    with pytest.raises(BuildError, match=r"gone\.c is missing from this install: reinstall"):
+        compile_c(tmp_path / "gone.c", tmp_path / "out", [])
+    broken = tmp_path / "broken.c"
+    broken.write_text("int main(void) { return x; }\n")
+    with pytest.raises(BuildError, match=r"broken\.c:1:\d+: error: .x. undeclared"):
+        compile_c(broken, tmp_path / "out", [])
