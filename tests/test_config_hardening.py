@@ -278,3 +278,22 @@ def test_the_inline_prolog_with_a_good_config_still_judges(tmp_path: Path) -> No
     done = proc.run([str(VENV_BIN / "medic-prolog")], env=_hook_env(tmp_path, config), timeout=60)
     assert done.returncode == 0, done.stderr
     assert "allowed)" not in done.stderr
+
+
+def test_the_daemon_refuses_a_config_it_cannot_read_in_one_line(tmp_path: Path) -> None:
+    """`medic-healthd --config DIR` was an IsADirectoryError traceback; a non-UTF-8 file a
+    UnicodeDecodeError one."""
+    (tmp_path / "dir.toml").mkdir()
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes(b'[healthd]\ngpus = "caf\xe9"\n')
+    for config, problem in ((tmp_path / "dir.toml", "is a directory"), (latin1, "not UTF-8")):
+        done = proc.run(
+            [str(VENV_BIN / "medic-healthd"), "--config", str(config)],
+            env={"PATH": "/usr/bin:/bin", "MEDIC_NODE_NAME": "n1"},
+            timeout=60,
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines() == [
+            f"medic-healthd: {config}: -: {done.stderr.split(': -: ', 1)[1].strip()}"
+        ]
+        assert problem in done.stderr and "Traceback" not in done.stderr
