@@ -36,6 +36,7 @@ from medic_core.settings import (
     WebhookTable,
     load_settings,
 )
+from medic_core.slurm import MAX_HOSTLIST, expand_hostlist
 from slurm_hooks.checkpoint import MANIFEST, CheckpointDir, step_name
 
 FUZZ = settings(max_examples=200, derandomize=True, database=None, deadline=None)
@@ -499,3 +500,42 @@ def test_an_edac_counter_that_is_not_a_number_names_its_file() -> None:
         "sys/devices/system/edac/mc/mc0/ce_count: 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'"
         " is not an integer"
     )
+
+
+# --- Slurm host lists (a job's nodes, a user's -w) -------------------------------------------
+
+hostlist_parts = st.one_of(
+    st.text(alphabet="n[]-,0123456789x", max_size=24),
+    st.builds(
+        lambda p, a, b, rest: f"{p}[{a}-{b}]{rest}",
+        st.sampled_from(["n", "gpu-", ""]),
+        st.integers(0, 10**12).map(str) | st.sampled_from(["001", "x", ""]),
+        st.integers(0, 10**12).map(str) | st.sampled_from(["099", "x", ""]),
+        st.sampled_from(["", "-ib", "[1-3]", "[1-100][1-100][1-100]"]),
+    ),
+)
+
+
+@FUZZ
+@given(parts=st.lists(hostlist_parts, min_size=1, max_size=3))
+def test_any_host_list_expands_or_is_one_value_error_at_once(parts: list[str]) -> None:
+    """Found: "n[0-99999999999]" (a user's `-w`, read by job_facts) hung the daemon's fault
+    response building 10^11 names; nested groups multiply the same way."""
+    text = ",".join(parts)
+    try:
+        names = _within(2, lambda: expand_hostlist(text))
+    except ValueError as exc:
+        _one_clear_line(str(exc))
+    else:
+        assert len(names) <= MAX_HOSTLIST
+
+
+def test_a_host_list_of_every_id_is_refused_at_once() -> None:
+    with pytest.raises(ValueError, match=r"host list .n\[0-99999999999\]. has more than"):
+        _within(2, lambda: expand_hostlist("n[0-99999999999]"))
+    with pytest.raises(
+        ValueError, match=r"host list .n\[1-100\]\[1-100\]\[1-100\]. has more than 100000 names"
+    ):
+        _within(2, lambda: expand_hostlist("n" + "[1-100]" * 3))
+    assert expand_hostlist("n[1-3,7],gpu-a[01-02]-ib") == ["n1", "n2", "n3", "n7", "gpu-a01-ib",
+                                                          "gpu-a02-ib"]  # fmt: skip
