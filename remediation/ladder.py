@@ -403,7 +403,7 @@ class Ladder:
         gpu = int(episode.target) if episode.target.isdigit() else None
         if rung is Rung.GPU_RESET:
             if gpu is None:  # a node-wide fault: a per-GPU reset does not apply
-                return self._escalate(episode, "no single GPU to reset")
+                return self._escalate(episode, "no single GPU to reset", skip=True)
             if self.host.gpu_busy(gpu):
                 return episode  # "only when no process holds it": try again next tick
             argv = [a.format(gpu=gpu, node=self.node) for a in self.settings.gpu_reset]
@@ -459,6 +459,8 @@ class Ladder:
     def _await_reboot(self, episode: ep.Episode) -> ep.Episode:
         step = next(s for s in reversed(self.store.steps(episode.id)) if s.action == "reboot")
         if self.host.boot_id() != step.boot_id:
+            if step.state == "intent":  # asked of Slurm; the daemon died before recording it
+                self.store.finish_step(step.id, "done", output="rebooted (asked before a restart)")
             self.host.event(
                 "rebooted", severity="INFO", fault_class=episode.fault_class, target=episode.target
             )
@@ -530,6 +532,16 @@ class Ladder:
                 target=last.target if last else "",
             )
             return None
+        flagged = [
+            t.id for t in tickets.list_tickets(self.store.store, node=self.node) if t.requalify
+        ]
+        outcome = None
+        if last is not None and last.ticket_id in flagged:
+            try:  # before the flags are cleared: if Slurm fails, they stay, to try again
+                outcome = self._give_back()
+            except SlurmError as exc:
+                log.warning("%s: re-qualified, but Slurm failed: %s", self.node, exc)
+                return None
         cleared = tickets.requalified(
             self.store.store, self.node, "medic-healthd", f"{len(findings)} checks passed"
         )
@@ -537,7 +549,7 @@ class Ladder:
             if episode.ticket_id in cleared:
                 self.store.update(episode.id, state=ep.RESOLVED)
         if last is not None and last.ticket_id in cleared:
-            return self._resolve(last)  # lifts Medic's drain, never another's
+            return self._resolve(last, outcome)  # lifts Medic's drain, never another's
         self.host.event(
             f"RMA ticket(s) {cleared} re-qualified; no episode of Medic's to close",
             severity="INFO",
@@ -546,9 +558,10 @@ class Ladder:
         )
         return None
 
-    def _escalate(self, episode: ep.Episode, why: str) -> ep.Episode:
+    def _escalate(self, episode: ep.Episode, why: str, *, skip: bool = False) -> ep.Episode:
+        """`skip`: the rung does not apply (no attempt of it can help): the next one."""
         rung = Rung(episode.rung)
-        allowed = self.settings.attempts.get(rung.word, 1)
+        allowed = 0 if skip else self.settings.attempts.get(rung.word, 1)
         nxt = after_failure(rung, episode.attempts_at(rung), allowed)
         self.host.event(
             f"{rung.word} did not repair it ({why}); next: {nxt.word}",
@@ -561,13 +574,16 @@ class Ladder:
             return self._rma(episode, why)
         return episode
 
-    def _resolve(self, episode: ep.Episode) -> ep.Episode:
-        from medic_core.drain_reason import resume_if_medic
-
-        try:
-            outcome = resume_if_medic(self.slurm, self.node).value
-        except SlurmError as exc:
-            return self.store.update(episode.id, message=f"{episode.message}; resume: {exc}")
+    def _resolve(self, episode: ep.Episode, outcome: str | None = None) -> ep.Episode:
+        """`outcome`: of `_give_back`, if the caller has given the node back already."""
+        if outcome is None:
+            try:
+                outcome = self._give_back()
+            except SlurmError as exc:  # tried again at the next tick; noted once
+                note = f"resume: {exc}"
+                if note in episode.message:
+                    return episode
+                return self.store.update(episode.id, message=f"{episode.message}; {note}")
         self.host.event(
             f"repaired and re-qualified: {outcome}",
             severity="INFO",
@@ -575,6 +591,15 @@ class Ladder:
             target=episode.target,
         )
         return self.store.update(episode.id, state=ep.RESOLVED)
+
+    def _give_back(self) -> str:
+        """Resume the node if Medic drained it, unless an open RMA ticket keeps it out."""
+        from medic_core.drain_reason import resume_if_medic
+        from remediation import tickets
+
+        if tickets.open_tickets(self.store.store, self.node):
+            return "kept out: an RMA ticket is open"
+        return resume_if_medic(self.slurm, self.node).value
 
     def _rma(self, episode: ep.Episode, why: str) -> ep.Episode:
         ticket = self.host.open_rma(episode, why)
