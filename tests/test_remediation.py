@@ -1,10 +1,12 @@
-"""The remediation ladder: its pure policy, a fault matrix on the lab (real daemons, real
-argv against the simulated GPUs, real reboots through Slurm's RebootProgram), recovery
-after a crash at each step, the drain cap and the fleet-wide pause, and admin drains."""
+"""The remediation ladder end to end: its pure policy, a fault matrix on the lab (real
+daemons, real argv against the simulated GPUs, real reboots through Slurm's RebootProgram),
+the IB re-check, the drain cap and the fleet-wide pause on every node at once, and one crash
+and restart through real Slurm. The ladder's edges (a crash at every step of every rung, the
+cap, the pause, the lemon rule, RMA keep-out, admin drains, cool-downs, Slurm errors) are
+unit tests with fakes: tests/test_ladder_unit.py."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from medic_core.settings import RemediationSettings
 from medic_core.slurm import CliSlurm
 from medic_core.status import Status
 from medic_core.store import Store, open_store
-from medic_core.vocabulary import Finding, Recommendation
+from medic_core.vocabulary import Finding
 from remediation import episodes as ep
 from remediation.ladder import Ladder
 from remediation.policy import LemonScore, Rung, after_failure, drain_cap, first_rung
@@ -185,16 +187,6 @@ def test_ib_port_down_is_rechecked_and_returns_when_the_link_does(
     assert "DRAIN" not in node_info(lab, "n3")["state_flags"]
 
 
-def test_admin_drained_node_is_untouched_by_the_ladder(lab: Lab, store: Store) -> None:
-    lab.slurm(["scontrol", "update", "nodename=n4", "state=drain", "reason=admin: PSU swap"])
-    lab.start_healthd("n4")
-    lab.inject("n4", 0, ["xid=95"])
-    episode = wait_closed(store, "n4", timeout=30)
-    assert episode.state == ep.NEEDS_HUMAN
-    assert ep.EpisodeStore(store).steps(episode.id) == []
-    assert node_info(lab, "n4")["reason"] == "admin: PSU swap"
-
-
 def test_faults_everywhere_respect_the_cap_and_pause(lab: Lab, store: Store) -> None:
     names = lab.node_names()
     for name in names:
@@ -220,7 +212,7 @@ def test_faults_everywhere_respect_the_cap_and_pause(lab: Lab, store: Store) -> 
     assert events
 
 
-# --- crash recovery: a new Ladder (a restarted daemon) at each persisted point ----------------
+# --- one crash and restart through real Slurm (every crash point: test_ladder_unit.py) --------
 
 
 class LabHost:
@@ -254,15 +246,16 @@ class LabHost:
         return None
 
 
-@pytest.mark.parametrize("crash_at", ["after_intent", "after_asking", "after_reboot"])
-def test_a_restart_at_any_point_of_a_reboot_reboots_once(
-    lab: Lab, store: Store, crash_at: str
+def test_a_restart_between_asking_slurm_and_recording_it_reboots_once(
+    lab: Lab, store: Store
 ) -> None:
+    """The daemon asked Slurm for the reboot and died before recording it: the restarted
+    ladder reads Slurm's reboot flags (or the new boot id), never asks again, verifies and
+    resumes the node. Every other crash point: tests/test_ladder_unit.py."""
     node = "n5"
     episodes = ep.EpisodeStore(store)
     slurm = CliSlurm(env=lab.env(), timeout=15)
     host = LabHost(lab, node)
-    settings = RemediationSettings()
     lab.slurm(["scontrol", "update", f"nodename={node}", "state=drain", "reason=medic: test"])
     episode = episodes.open_episode(
         node,
@@ -276,15 +269,11 @@ def test_a_restart_at_any_point_of_a_reboot_reboots_once(
         evidence={},
     )
     boot = host.boot_id()
-    first = Ladder(node, episodes, slurm, host, settings)
-    if crash_at == "after_intent":  # died between writing the intent and asking Slurm
-        episodes.record_intent(episode, Rung.REBOOT, "reboot", ["scontrol"], boot)
-        episodes.update(episode.id, state=ep.REBOOTING)
-    else:
-        first.tick()  # asks Slurm for the reboot
-        if crash_at == "after_reboot":
-            poll("the reboot", lambda: host.boot_id() != boot, timeout=30)
-    restarted = Ladder(node, episodes, slurm, host, settings)
+    reason = "medic: gpu.xid.79 gpu1 ladder: reboot"
+    episodes.record_intent(episode, Rung.REBOOT, "reboot", ["scontrol", "reboot"], boot)
+    episodes.update(episode.id, state=ep.REBOOTING)
+    slurm.reboot(node, reason, nextstate="DOWN")  # asked; the daemon dies before recording it
+    restarted = Ladder(node, episodes, slurm, host, RemediationSettings())
 
     def resolved() -> bool:
         current = restarted.tick()
@@ -292,118 +281,9 @@ def test_a_restart_at_any_point_of_a_reboot_reboots_once(
 
     poll("episode resolved", resolved, timeout=60)
     assert host.boot_id() != boot
-    reboot_steps = [s for s in episodes.steps(episode.id) if s.action == "reboot"]
-    done = [s for s in reboot_steps if s.state == "done"]
-    assert len(done) == 1, [(s.state, s.output) for s in reboot_steps]
+    [step] = [s for s in episodes.steps(episode.id) if s.action == "reboot"]
+    assert step.state == "done", step.output
     assert "DRAIN" not in node_info(lab, node)["state_flags"]
-
-
-def test_a_restart_mid_reset_counts_the_attempt_and_never_repeats_it_blindly(
-    lab: Lab, store: Store
-) -> None:
-    node = "n1"
-    episodes = ep.EpisodeStore(store)
-    slurm = CliSlurm(env=lab.env(), timeout=15)
-    host = LabHost(lab, node)
-    lab.slurm(["scontrol", "update", f"nodename={node}", "state=drain", "reason=medic: test"])
-    episode = episodes.open_episode(
-        node,
-        state=ep.WAITING_IDLE,
-        fault_class="gpu.xid.95",
-        target="2",
-        check="gpu_xid",
-        recommendation="gpu_reset",
-        rung=int(Rung.GPU_RESET),
-        message="test",
-        evidence={},
-    )
-    # The daemon recorded the intent and died before (or while) the command ran.
-    episodes.record_intent(episode, Rung.GPU_RESET, "gpu_reset", ["nvidia-smi"], host.boot_id())
-    started = time.monotonic()
-    after = Ladder(node, episodes, slurm, host, RemediationSettings()).tick()
-    assert after is not None and after.state == ep.RESOLVED  # verified clean: no second reset
-    assert time.monotonic() - started < 30
-    [step] = episodes.steps(episode.id)
-    assert (step.state, step.attempt) == ("interrupted", 1)
-
-
-def _ladder(lab: Lab, store: Store, node: str, **settings: Any) -> tuple[Ladder, LabHost]:
-    host = LabHost(lab, node)
-    ladder = Ladder(
-        node,
-        ep.EpisodeStore(store),
-        CliSlurm(env=lab.env(), timeout=15),
-        host,
-        RemediationSettings(**settings),
-    )
-    return ladder, host
-
-
-XID_95 = Finding("gpu_xid", Status.CRITICAL, "gpu.xid.95", "3", "XID 95", Recommendation.GPU_RESET)
-
-
-def test_a_lemon_node_goes_straight_to_rma(lab: Lab, store: Store) -> None:
-    episodes = ep.EpisodeStore(store)
-    for _ in range(2):  # two earlier episodes this week, both resolved
-        done = episodes.open_episode(
-            "n2",
-            state=ep.WAITING_IDLE,
-            fault_class="gpu.xid.95",
-            target="3",
-            check="gpu_xid",
-            recommendation="gpu_reset",
-            rung=1,
-            message="earlier",
-            evidence={},
-        )
-        episodes.update(done.id, state=ep.RESOLVED)
-    ladder, _ = _ladder(lab, store, "n2")
-    assert ladder.lemon_score().is_lemon
-    admission = ladder.admit([XID_95])
-    assert admission.episode is not None and admission.episode.rung == int(Rung.RMA)
-    assert "lemon" in admission.why
-    episode = ladder.tick()
-    assert episode is not None and episode.state == ep.RMA
-    assert episodes.steps(episode.id) == []  # no reset was tried
-
-
-def test_dry_run_records_and_does_nothing(lab: Lab, store: Store) -> None:
-    ladder, host = _ladder(lab, store, "n3", dry_run=True)
-    admission = ladder.admit([XID_95])
-    episode = ladder.tick()
-    assert episode is not None and episode.state == ep.NEEDS_HUMAN
-    assert ep.EpisodeStore(store).steps(episode.id) == []
-    assert any("dry run: would start gpu_reset" in m for m in host.events)
-    assert admission.drain  # the drain is still wanted: a sick node must not take jobs
-
-
-def test_the_same_fault_reported_twice_joins_the_episode_it_closed(lab: Lab, store: Store) -> None:
-    """A sweep and the node's daemon both see a deep check fail: one episode, not two."""
-    ladder, _ = _ladder(lab, store, "n5", enabled=False)  # every episode goes to a human
-    first = ladder.admit([XID_95])
-    assert first.episode is not None and first.episode.state == ep.NEEDS_HUMAN and first.drain
-    lab.slurm(
-        ["scontrol", "update", "nodename=n5", "state=drain", f"reason={first.decision.reason}"]
-    )
-    try:
-        again = ladder.admit([XID_95])
-    finally:
-        lab.slurm(["scontrol", "update", "nodename=n5", "state=resume"])
-    assert again.episode is not None and again.episode.id == first.episode.id
-    assert not again.drain  # the first report's drain stands: no second one
-    assert again.decision.jobs == ()
-    other = Finding("gpu_ecc", Status.CRITICAL, "gpu.ecc.dbe", "1", "DBE", Recommendation.GPU_RESET)
-    different = ladder.admit([other])
-    assert different.episode is not None and different.episode.id != first.episode.id
-
-
-def test_pause_switch_stops_the_ladder(lab: Lab, store: Store) -> None:
-    ladder, _ = _ladder(lab, store, "n4")
-    ep.EpisodeStore(store).set_paused(True, "maintenance window", "alice")
-    admission = ladder.admit([XID_95])
-    assert admission.episode is not None and admission.episode.state == ep.PAUSED
-    assert "alice" in admission.why
-    assert ladder.tick() is not None and ep.EpisodeStore(store).steps(admission.episode.id) == []
 
 
 @pytest.mark.parametrize("xid", [63, 13])
@@ -424,19 +304,20 @@ def test_application_and_ignorable_xids_start_nothing(lab: Lab, store: Store, xi
     assert store.conditions("n1", status="CRITICAL") == []
 
 
-@pytest.mark.parametrize("xid", [79, 95], ids=["reboot_path", "reset_path"])
-def test_a_repaired_node_sees_the_next_fault(lab: Lab, store: Store, xid: int) -> None:
-    """The same fault twice on one node: the daemon that came back with the node (after a
-    reboot) or kept running (after a reset) sees the second one, and the ladder repairs again."""
+def test_a_repaired_node_sees_the_next_fault(lab: Lab, store: Store) -> None:
+    """The same fault twice on one node: the daemon that kept running through the reset (its
+    XIDs from before the repair forgotten) sees the second one, and the ladder repairs again.
+    After a reboot, and the ladder's side of it: tests/test_ladder_unit.py."""
+    xid = 95
     lab.start_healthd("n2")
     poll("first round", lambda: bool(store.conditions("n2", type="gpu_xid")), timeout=20)
     for attempt in (1, 2):
         lab.inject("n2", 0, [f"xid={xid}"])
-        poll(
-            f"episode {attempt} opened",
-            lambda n=attempt: len(ep.EpisodeStore(store).find(node="n2")) == n,
-            timeout=10,
-        )
+
+        def opened(n: int = attempt) -> bool:
+            return len(ep.EpisodeStore(store).find(node="n2")) == n
+
+        poll(f"episode {attempt} opened", opened, timeout=10)
         episode = wait_closed(store, "n2", timeout=90)
         assert episode.state == ep.RESOLVED, episode.message
         assert "DRAIN" not in node_info(lab, "n2")["state_flags"]
