@@ -57,6 +57,12 @@ log = logging.getLogger("medic.remediation")
 JOIN_WINDOW = 60.0  # seconds in which the same fault joins the episode it just closed
 REQUALIFY_RETRY = 60.0  # seconds between re-qualification runs of a node back from RMA
 REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
+# `scontrol reboot` refused (slurmctld busy or down, RebootProgram not set) says nothing of
+# the node: asked again after REBOOT_REFUSED_RETRY, and after REBOOT_REFUSALS refusals in
+# one episode a human looks (Slurm's configuration, not the node's hardware: never an RMA).
+REBOOT_REFUSALS = 3
+REBOOT_REFUSED_RETRY = 60.0
+REFUSED = "slurm refused: "
 
 
 class LadderHost(Protocol):
@@ -383,6 +389,8 @@ class Ladder:
         last = steps[-1]
         ended = last.ended_at
         wait = self.settings.cooldown.get(last.action, 0.0)
+        if last.output.startswith(REFUSED):
+            wait = REBOOT_REFUSED_RETRY
         return ended is not None and (self.store.now() - ended).total_seconds() < wait
 
     def _act(self, episode: ep.Episode) -> ep.Episode:
@@ -445,8 +453,8 @@ class Ladder:
         try:
             self.slurm.reboot(self.node, reason, nextstate="DOWN")
         except SlurmError as exc:
-            self.store.finish_step(step.id, "failed", output=str(exc))
-            return self._escalate(episode, f"reboot refused: {exc}")
+            self.store.finish_step(step.id, "failed", output=f"{REFUSED}{str(exc)[:1000]}")
+            return self._reboot_refused(episode, exc)
         self.store.finish_step(step.id, "done", 0, "asked Slurm")
         self.host.event(
             f"reboot asked of Slurm ({reason})",
@@ -479,6 +487,34 @@ class Ladder:
         if elapsed > self.settings.reboot_timeout:
             return self._escalate(episode, f"no new boot within {elapsed:.0f}s")
         return episode
+
+    def _reboot_refused(self, episode: ep.Episode, exc: SlurmError) -> ep.Episode:
+        refusals = sum(
+            1
+            for s in self.store.steps(episode.id)
+            if s.action == Rung.REBOOT.word and s.output.startswith(REFUSED)
+        )
+        if refusals >= REBOOT_REFUSALS:
+            why = (
+                f"Slurm refused the reboot {refusals} times ({exc}): check slurmctld and"
+                " RebootProgram, then `medic episode retry`"
+            )
+            self.host.event(
+                why, severity="CRITICAL", fault_class=episode.fault_class, target=episode.target
+            )
+            return self.store.update(
+                episode.id, state=ep.NEEDS_HUMAN, message=f"{episode.message}; {why}"
+            )
+        self.host.event(
+            f"Slurm refused the reboot ({refusals} of {REBOOT_REFUSALS}): {exc}; asked again"
+            f" in {REBOOT_REFUSED_RETRY:g}s",
+            severity="WARN",
+            fault_class=episode.fault_class,
+            target=episode.target,
+        )
+        # The attempt was not made: the node did not reboot.
+        attempts = {**episode.attempts, str(int(Rung.REBOOT)): episode.attempts_at(3) - 1}
+        return self.store.update(episode.id, attempts=attempts, state=ep.WAITING_IDLE)
 
     def _reboot_again_same_attempt(self, episode: ep.Episode) -> ep.Episode:
         attempts = {**episode.attempts, str(int(Rung.REBOOT)): episode.attempts_at(3) - 1}

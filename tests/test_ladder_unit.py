@@ -33,7 +33,13 @@ from medic_core.vocabulary import Finding, Recommendation
 from remediation import episodes as ep
 from remediation import ladder as ladder_module
 from remediation import tickets
-from remediation.ladder import REQUALIFY_RETRY, Admission, Ladder
+from remediation.ladder import (
+    REBOOT_REFUSALS,
+    REBOOT_REFUSED_RETRY,
+    REQUALIFY_RETRY,
+    Admission,
+    Ladder,
+)
 from remediation.policy import Rung
 from slurm_hooks.actions import carry_out, job_facts
 
@@ -1187,17 +1193,35 @@ def test_a_slurm_error_on_the_resume_is_retried_and_the_episode_stays_open(
     assert world.run("n1", every=TICK).state == ep.RESOLVED and in_service(world, "n1")
 
 
-def test_a_refused_reboot_is_a_failed_rung(world: World) -> None:
-    """`scontrol reboot` failing counts as the rung failing: the next rung (RMA with the
-    default one reboot attempt), never a second request in the same attempt."""
+def test_a_refused_reboot_is_asked_again_and_never_an_rma(world: World) -> None:
+    """`scontrol reboot` failing (slurmctld busy) says nothing of the node: the attempt is
+    not spent, the reboot is asked again after REBOOT_REFUSED_RETRY, never an RMA ticket."""
     world.fault("n1", XID_79)
     world.slurm.fail("reboot")
     episode = world.tick("n1")
-    assert episode is not None and episode.state == ep.RMA
+    assert episode is not None and episode.state == ep.WAITING_IDLE
     [step] = world.steps("n1")
     assert step.state == "failed" and "Socket timed out" in step.output
-    assert "reboot refused" in world.nodes["n1"].rma[0][1]
-    assert len(world.slurm.called("reboot")) == 1
+    world.tick("n1")
+    assert len(world.slurm.called("reboot")) == 1, "asked again before the retry delay"
+    world.clock.advance(REBOOT_REFUSED_RETRY)
+    episode = world.tick("n1")
+    assert episode is not None and episode.state == ep.REBOOTING
+    assert len(world.slurm.called("reboot")) == 2
+    assert world.nodes["n1"].rma == []
+
+
+def test_a_reboot_slurm_keeps_refusing_goes_to_a_human_not_rma(world: World) -> None:
+    world.fault("n1", XID_79)
+    world.slurm.fail("reboot", times=REBOOT_REFUSALS)
+    for _ in range(REBOOT_REFUSALS):
+        episode = world.tick("n1")
+        world.clock.advance(REBOOT_REFUSED_RETRY)
+    assert episode is not None and episode.state == ep.NEEDS_HUMAN
+    assert f"Slurm refused the reboot {REBOOT_REFUSALS} times" in episode.message
+    assert len(world.slurm.called("reboot")) == REBOOT_REFUSALS
+    assert world.nodes["n1"].rma == []
+    assert not in_service(world, "n1")
 
 
 def test_a_slurm_error_on_keep_out_is_retried_at_the_next_tick(world: World) -> None:
