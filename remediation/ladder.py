@@ -63,6 +63,7 @@ REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
 REBOOT_REFUSALS = 3
 REBOOT_REFUSED_RETRY = 60.0
 REFUSED = "slurm refused: "
+LONG_WAIT = "waited over"
 
 
 class LadderHost(Protocol):
@@ -320,7 +321,9 @@ class Ladder:
                 target=episode.target,
             )
         if episode.state == ep.WAITING_IDLE:
-            if self.host.jobs_running() or self._cooling_down(episode):
+            if self.host.jobs_running():
+                return self._note_a_long_wait(episode)
+            if self._cooling_down(episode):
                 return episode
             return self._act(episode)
         if episode.state == ep.ACTING:
@@ -380,6 +383,22 @@ class Ladder:
             fault_class="rma.open",
             target="",
         )
+
+    def _note_a_long_wait(self, episode: ep.Episode) -> ep.Episode:
+        """Jobs still running `idle_timeout` seconds into the wait: say so once (a WARN event
+        and the episode's message). The ladder never kills a job to repair a node: the
+        node is drained, so the wait ends when its jobs do, or when a human ends them."""
+        waited = (self.store.now() - episode.updated_at).total_seconds()
+        if waited < self.settings.idle_timeout or LONG_WAIT in episode.message:
+            return episode
+        note = f"{LONG_WAIT} {waited:.0f}s for running jobs to end (idle_timeout)"
+        self.host.event(
+            f"episode {episode.id}: {note}; end them (scancel) to repair now",
+            severity="WARN",
+            fault_class=episode.fault_class,
+            target=episode.target,
+        )
+        return self.store.update(episode.id, message=f"{episode.message}; {note}")
 
     def _cooling_down(self, episode: ep.Episode) -> bool:
         """A failed step is followed by its rung's cool-down before the next one."""

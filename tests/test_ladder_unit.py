@@ -1224,6 +1224,26 @@ def test_a_reboot_slurm_keeps_refusing_goes_to_a_human_not_rma(world: World) -> 
     assert not in_service(world, "n1")
 
 
+def test_jobs_running_past_idle_timeout_are_reported_once_and_never_killed(
+    world: World,
+) -> None:
+    world.slurm.start_job("41", "n1")
+    world.fault("n1", XID_95)
+    world.tick("n1")
+    world.clock.advance(3599)
+    world.tick("n1")
+    assert world.nodes["n1"].said("idle_timeout") == []
+    world.clock.advance(2)
+    for _ in range(3):
+        episode = world.tick("n1")
+        world.clock.advance(TICK)
+    [said] = world.nodes["n1"].said("idle_timeout")
+    assert said.severity == "WARN" and "scancel" in said.message
+    assert episode is not None and episode.state == ep.WAITING_IDLE
+    assert "waited over 3601s" in episode.message
+    assert world.nodes["n1"].commands == [], "never repaired under a running job"
+
+
 def test_a_slurm_error_on_keep_out_is_retried_at_the_next_tick(world: World) -> None:
     world.rma_ticket("n2")
     world.slurm.fail("drain")
