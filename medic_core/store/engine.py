@@ -9,6 +9,7 @@ busy timeout, instead of failing at its first write after reading under a shared
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -132,11 +133,21 @@ SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 def _private_sqlite_file(path: Path) -> None:
     """Create `path` empty with mode 0600 before SQLite opens it (SQLite would create it
     0644, and gives its -wal and -shm the database file's mode), and tighten an existing
-    database and side files to 0600. Never follows a symlink or opens a FIFO."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    database and side files to 0600. Never follows a symlink or opens a FIFO.
+
+    Never through a file descriptor open for reading or writing: closing one releases every
+    POSIX lock this process holds on the file, SQLite's included, so a second store opened
+    in a process that has one open (the CLI's in a test, say) would take the first one's
+    locks away; another process would then take itself for the first connection, rebuild
+    the WAL index under it, and the first would read a stale snapshot for ever. The file is
+    created with mknod and inspected through an O_PATH descriptor, whose close releases no
+    lock."""
     for name, create in ((path, True), *((Path(f"{path}{s}"), False) for s in SQLITE_SIDE_FILES)):
+        if create:
+            with contextlib.suppress(FileExistsError):  # a symlink at the name exists too
+                os.mknod(name, stat.S_IFREG | SQLITE_FILE_MODE)
         try:
-            fd = os.open(name, flags | (os.O_CREAT if create else 0), SQLITE_FILE_MODE)
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             continue
         try:
@@ -144,8 +155,8 @@ def _private_sqlite_file(path: Path) -> None:
             if not stat.S_ISREG(st.st_mode):
                 raise StoreError(f"store {name}: not a regular file; remove it or move the store")
             if stat.S_IMODE(st.st_mode) & 0o077:
-                try:
-                    os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o077)
+                try:  # fchmod refuses an O_PATH descriptor; its /proc name does not
+                    os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) & ~0o077)
                 except OSError as exc:  # a read-only filesystem: readable is all we need
                     log.warning("store %s: mode %o kept: %s", name, st.st_mode & 0o777, exc)
         finally:
