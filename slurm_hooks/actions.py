@@ -179,18 +179,18 @@ def drain_through_core(
     """A hook's drain (the prolog's refusal, the HealthCheckProgram's backstop): the same
     decision core and rails as the daemon's, with the facts Slurm holds (owner, cap); jobs
     are the daemon's to requeue, so none are touched here."""
-    nodes = client.nodes()
-    me = next((n for n in nodes if n.name == config.node_name), None)
-    remediation = RemediationSettings.from_config(config)
-    facts = FaultFacts(
-        node=config.node_name,
-        slurm=NodeFacts(True, me.drained, me.down, me.reason) if me else NodeFacts(False),
-        rails=Rails(
-            cap=cap_reason(
-                nodes, config.node_name, remediation.max_drained_share, remediation.min_drained
-            )
-        ),
-    )
+    me = client.node(config.node_name)
+    slurm = NodeFacts(True, me.drained, me.down, me.reason) if me else NodeFacts(False)
+    cap = ""
+    if slurm.known and slurm.owner == "":
+        # Only a drain of our own can pass the cap, and the cap counts Medic's drains across
+        # the node's partitions: that needs the whole node table, one node cannot tell. A
+        # node already out (Medic's, an admin's) never reads it.
+        remediation = RemediationSettings.from_config(config)
+        cap = cap_reason(
+            client.nodes(), config.node_name, remediation.max_drained_share, remediation.min_drained
+        )
+    facts = FaultFacts(node=config.node_name, slurm=slurm, rails=Rails(cap=cap))
     decision = decide_fault(findings, facts)
     drained = (
         drain_if_allowed(client, config.node_name, decision.reason) if decision.drain else None

@@ -226,7 +226,8 @@ def test_grouped_sinfo_of_newer_releases_reads_nodes_from_scontrol(tmp_path: Pat
     fake_bin(bin_dir, "scontrol", f'[ "$*" = "show nodes --json" ] && exec cat {nodes}; exit 3')
     client = CliSlurm(env={}, bin_dirs=[bin_dir])
     assert [n.name for n in client.nodes()] == ["host1"]
-    assert client.node("host1") is not None  # the second read goes straight to scontrol
+    (bin_dir / "sinfo").unlink()
+    assert [n.name for n in client.nodes()] == ["host1"]  # the second read goes to scontrol
 
 
 def test_env_is_the_whole_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -395,6 +396,34 @@ def test_nodes_of_the_lab(backend: tuple[SlurmClient, Lab]) -> None:
     assert nodes["n1"].partitions == ("gpu",)
     assert client.node("n1") == nodes["n1"]
     assert client.node("nope") is None
+
+
+def test_one_node_reads_as_the_whole_table_in_every_state(
+    backend: tuple[SlurmClient, Lab],
+) -> None:
+    """node(name) (scontrol -o show node NAME on the CLI backend) and nodes() (sinfo --json)
+    agree field for field: a node running a job with GPUs and drained with a reason holding
+    '=', brackets and bytes that are not UTF-8; an admin's DOWN+DRAIN; a two-line reason."""
+    client, lab = backend
+    job = submit(lab, "-w", "n1", "--gres=gpu:4", "--wrap", "sleep 300")
+    poll("the job running", lambda: the_job(client, job).state == "RUNNING")
+    odd = "medic: gpu.xid.79 gpu2 a=b State=IDLE [root@1] \udcff\udcfe tab\there"
+    lab.slurm(["scontrol", "update", "nodename=n1", "state=drain", f"reason={odd}"])
+    for state in ("drain", "down"):
+        lab.slurm(["scontrol", "update", "nodename=n2", f"state={state}", "reason=admin: PSU"])
+    lab.slurm(["scontrol", "update", "nodename=n3", "state=drain", "reason=one\ntwo"])
+    names = lab.node_names()
+
+    def agree() -> bool:
+        return by_name(client.nodes()) == {name: client.node(name) for name in names}
+
+    poll("node() and nodes() to agree", agree)
+    n1, n2, n3 = (client.node(n) for n in ("n1", "n2", "n3"))
+    assert n1 is not None and n2 is not None and n3 is not None
+    assert n1.states == {"MIXED", "DRAIN"} and n1.gres_used == "gpu:4"
+    assert n1.reason == "medic: gpu.xid.79 gpu2 a=b State=IDLE [root@1] \ufffd\ufffd tab\there"
+    assert n2.states == {"DOWN", "DRAIN"} and (n2.reason, n2.reason_user) == ("admin: PSU", "root")
+    assert n3.reason == "one\ntwo" and n3.reason_time > 0
 
 
 def test_drain_shows_reason_user_and_time_then_resume(backend: tuple[SlurmClient, Lab]) -> None:
