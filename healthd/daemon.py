@@ -37,7 +37,7 @@ from healthd.ladder_thread import LadderThread, attach_ladder
 from healthd.launch_gate import LaunchGate
 from healthd.metrics import DaemonMetrics
 from healthd.results import SEVERITY_OF, merge_by_target
-from healthd.runner import Runner, RunReport
+from healthd.runner import Runner, RunnerBusy, RunReport
 from healthd.socket_api import SocketApi
 from healthd.watchdog import Heartbeat, Watchdog
 from healthd.xid_listener import EventKind, GpuEvent
@@ -51,6 +51,13 @@ log = logging.getLogger("medic.healthd")
 # idle (pending page retirement, pending row remap), and an application restart (XID 94).
 ACTIONABLE_WARN = ("gpu_reset_when_idle", "restart_app")
 REFRESH_SECONDS = 300.0  # an unchanged condition's message, evidence and updated_at
+# The scheduler never waits long for the runner: a run asked for through the socket (a
+# sweep's deep probe) may hold it for up to the deep checks' timeouts, an hour, far past
+# WatchdogSec. Due checks that could not start within RUNNER_WAIT seconds are skipped this
+# round and tried again BUSY_RETRY seconds later; the scheduler goes round meanwhile, so the
+# watchdog sees it beat, while a scheduler really stuck (a store write that hangs) does not.
+RUNNER_WAIT = 1.0
+BUSY_RETRY = 5.0
 
 
 class HealthDaemon:
@@ -77,6 +84,8 @@ class HealthDaemon:
         # per run was most of the daemon's CPU).
         self._written: dict[tuple[str, str], tuple[str, str, str, float]] = {}
         self._due: dict[str, float] = {}
+        self.runner_wait, self.busy_retry = RUNNER_WAIT, BUSY_RETRY
+        self._busy_since: float | None = None  # the runner was busy when checks were due
         self.runner: Runner | None = None
         self.kmsg: KmsgWatcher | None = None
         # Called (on its own thread) with the results that just turned CRITICAL.
@@ -129,13 +138,40 @@ class HealthDaemon:
         return float(base * (1 + random.uniform(-jitter, jitter)))
 
     def run_due(self) -> RunReport | None:
+        """Run the checks that are due; None when none are, or when the runner stays busy
+        (another run holds it) for `runner_wait` seconds: those are due again `busy_retry`
+        seconds later, and this returns so the scheduler's heartbeat goes on."""
         now = time.monotonic()
         due = [name for name, at in list(self._due.items()) if at <= now]
         if not due:
             return None
-        for name in due:  # before the run, so an event during it makes the check due again
-            self._due[name] = now + self._interval(name)
-        report = self.checks.run(due)
+        # Before the run, so an event during it makes the check due again.
+        planned = {name: now + self._interval(name) for name in due}
+        self._due.update(planned)
+        try:
+            report = self.checks.run(due, wait=self.runner_wait)
+        except RunnerBusy:
+            retry = time.monotonic() + self.busy_retry
+            for name in due:
+                if self._due.get(name) == planned[name]:  # not woken meanwhile
+                    self._due[name] = min(planned[name], retry)
+            if self._busy_since is None:
+                self._busy_since = now
+                log.info(
+                    "the check runner is busy with another run (a check asked for through "
+                    "the socket, such as a sweep's deep probe): %d due checks wait for it "
+                    "(%s), tried again every %gs",
+                    len(due),
+                    ", ".join(due),
+                    self.busy_retry,
+                )
+            return None
+        if self._busy_since is not None:
+            log.info(
+                "the check runner is free again: periodic checks resume after %.0fs",
+                now - self._busy_since,
+            )
+            self._busy_since = None
         self.record(report)
         return report
 

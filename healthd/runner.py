@@ -93,6 +93,8 @@ class Runner:
 
     `run` is serialised by a lock: the daemon's scheduler, a prolog request and a manual
     `medic` request may arrive together, and a check's state must not be shared by two runs.
+    A run may hold it for as long as its checks' timeouts (a deep check asked for through the
+    socket: up to an hour); `reconfigure` and `hung` never wait for it.
     """
 
     def __init__(
@@ -109,16 +111,17 @@ class Runner:
         }
         self._checks: dict[str, Check[Any, Any]] = {n: s.create() for n, s in self.specs.items()}
         self._hung: dict[str, _Hung] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one run at a time
+        self._hung_lock = threading.Lock()  # the hung-check bookkeeping, held only briefly
 
     def reconfigure(self, configs: Mapping[str, CheckConfig]) -> None:
         """New per-check configuration; the check instances (their between-run state, such
-        as the kernel log position) and the hung-check bookkeeping stay."""
-        with self._lock:
-            self.configs = {
-                name: configs.get(name) or spec.default_config()
-                for name, spec in self.specs.items()
-            }
+        as the kernel log position) and the hung-check bookkeeping stay. It does not wait
+        for a run in progress (a reload during an hour-long deep run takes effect at once):
+        that run goes on with the configuration it started with, the next one has the new."""
+        self.configs = {
+            name: configs.get(name) or spec.default_config() for name, spec in self.specs.items()
+        }
 
     def selected(self, names: Collection[str] | None = None, tier: Tier | None = None) -> list[str]:
         """Enabled checks, optionally only `names` and only those in `tier`."""
@@ -136,11 +139,12 @@ class Runner:
 
     def hung(self) -> dict[str, dt.datetime]:
         """Checks whose thread is still stuck in an earlier run, and since when."""
-        with self._lock:
+        with self._hung_lock:
             self._reap()
             return {name: h.since for name, h in self._hung.items()}
 
     def _reap(self) -> None:
+        """Forget hung checks whose thread has returned (under `_hung_lock`)."""
         for name in [n for n, h in self._hung.items() if not h.thread.is_alive()]:
             del self._hung[name]
 
@@ -168,11 +172,14 @@ class Runner:
     def _run(self, names: list[str], budget: float | None) -> RunReport:
         started_wall = self.ctx.clock.now()
         start = time.monotonic()
-        self._reap()
+        configs = self.configs  # this run's, whatever a reload swaps in meanwhile
+        with self._hung_lock:
+            self._reap()
+            hung_now = dict(self._hung)
         outcomes: dict[str, CheckOutcome] = {}
         running: dict[str, tuple[threading.Thread, _Slot, float, float]] = {}
         for name in names:
-            spec, cfg = self.specs[name], self.configs[name]
+            spec, cfg = self.specs[name], configs[name]
             missing = [need for need in spec.needs if not self.ctx.provides(need)]
             if missing:
                 result = _unknown(
@@ -183,7 +190,7 @@ class Runner:
                 )
                 outcomes[name] = CheckOutcome(name, RunState.UNAVAILABLE, (result,), 0.0)
                 continue
-            hung = self._hung.get(name)
+            hung = hung_now.get(name)
             if hung is not None:
                 since = hung.since.isoformat(timespec="seconds")
                 result = _unknown(
@@ -213,7 +220,8 @@ class Runner:
             if slot.done.wait(max(0.0, deadline - time.monotonic())):
                 outcomes[name] = self._collect(name, slot)
                 continue
-            self._hung[name] = _Hung(thread, self.ctx.clock.now(), deadline - timeout)
+            with self._hung_lock:
+                self._hung[name] = _Hung(thread, self.ctx.clock.now(), deadline - timeout)
             result = _unknown(
                 name,
                 "check.timeout",

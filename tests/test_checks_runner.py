@@ -21,7 +21,7 @@ from healthd.checks.base import (
     ok,
     undeclared,
 )
-from healthd.runner import Runner, RunState
+from healthd.runner import Runner, RunnerBusy, RunState
 
 Behaviour = Callable[[], list[Result]]
 
@@ -218,3 +218,39 @@ def test_runner_runs_the_registered_host_checks_by_default(tmp_path: Path) -> No
     assert {o.name for o in report.outcomes if o.state is RunState.UNAVAILABLE} >= {"gpu_count"}
     assert not [r for r in report.results if r.status in (Status.CRITICAL, Status.WARN)]
     assert not [r for r in report.results if undeclared(runner.specs[r.check], r)]
+
+
+def test_a_long_run_blocks_neither_a_reload_nor_the_hung_list(
+    ctx: CheckContext, gate: threading.Event
+) -> None:
+    """A deep check may hold the runner for an hour: a SIGHUP reload and the socket's
+    status op (which lists hung checks) do not wait for it; the run keeps its configuration
+    and the next one has the new."""
+    seen: list[float | None] = []
+    started = threading.Event()
+
+    class Timed(Scripted):
+        def gather(self, ctx: CheckContext, cfg: CheckConfig) -> Obs:
+            seen.append(cfg.timeout)
+            started.set()
+            gate.wait(30)
+            return Obs([ok("long", "done")])
+
+    long_spec = CheckSpec("long", frozenset({Tier.DEEP}), 60.0, 3600.0, ("host",), "long",
+                          Timed, __name__)  # fmt: skip
+    runner = Runner(ctx, configs={"long": CheckConfig(timeout=100.0)}, specs=[long_spec])
+    run = threading.Thread(target=runner.run, args=(["long"],))
+    run.start()
+    try:
+        assert started.wait(10)
+        runner.reconfigure({"long": CheckConfig(timeout=200.0)})  # returns at once
+        assert runner.configs["long"].timeout == 200.0
+        assert runner.hung() == {}  # so does this
+        with pytest.raises(RunnerBusy):
+            runner.run(["long"], wait=0.01)
+    finally:
+        gate.set()
+        run.join(10)
+    assert not run.is_alive()
+    runner.run(["long"])  # the gate stays open: this one returns at once
+    assert seen == [100.0, 200.0]

@@ -291,3 +291,86 @@ def test_a_daemon_stuck_in_a_check_round_stops_pinging_and_names_the_scheduler(
         loop.join(10)
         store.close()
     assert not loop.is_alive()
+
+
+def test_a_deep_probe_through_the_socket_leaves_the_scheduler_beating(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sweep's probe (the socket's check op, deep tier) holds the runner for as long as its
+    checks take, up to an hour: the scheduler skips its due checks meanwhile instead of
+    queueing behind it, goes on beating, so systemd keeps hearing WATCHDOG=1 well past
+    WatchdogSec, and runs them once the probe is done."""
+    from healthd.checks.base import CheckContext, Tier, ok
+    from healthd.daemon import HealthDaemon, watch_progress
+    from healthd.runner import Runner
+    from healthd.socket_api import SocketApi
+    from medic_core.config import load_config
+    from medic_core.store import open_configured_store
+    from tests.test_checks_runner import make_spec
+    from tests.test_daemon import plain_config
+
+    caplog.set_level(logging.INFO, logger="medic.healthd")
+    config = load_config(plain_config(tmp_path))
+    store = open_configured_store(config)
+    daemon = HealthDaemon(config, store, CheckContext.for_root(config.paths.host_root))
+    probing, release = threading.Event(), threading.Event()
+    ticks: list[str] = []
+
+    def deep() -> list[Any]:
+        probing.set()
+        release.wait(30)  # a burn-in that takes its time
+        return [ok("deep_burn", "GPUs fine under load")]
+
+    def tick() -> list[Any]:
+        ticks.append("tick")
+        return [ok("tick", "fine")]
+
+    daemon.runner = Runner(
+        daemon.ctx,
+        specs=[
+            make_spec("deep_burn", deep, timeout=3600.0, tiers=(Tier.DEEP,)),
+            make_spec("tick", tick),
+        ],
+    )
+    daemon._due = {"tick": 0.0}  # due at once
+    daemon.runner_wait, daemon.busy_retry = 0.01, 0.05
+    clock = FakeClock()
+    daemon.heartbeat = Heartbeat(clock)
+    sent: list[str] = []
+    watchdog = watch_progress(daemon, period=30.0, notify=sent.append)  # WatchdogSec=60
+    reply: dict[str, Any] = {}
+    api = SocketApi(daemon, daemon.gate)
+    probe = threading.Thread(
+        target=lambda: reply.update(api.handle({"op": "check", "tier": "deep", "budget": 3600}))
+    )
+    probe.start()
+    loop = threading.Thread(target=daemon.loop)
+    try:
+        poll("the probe holding the runner", probing.is_set)
+        loop.start()
+        for _ in range(6):  # three times WatchdogSec of (fake) time into the probe
+            clock.now += 30
+            poll("a scheduler round", lambda: daemon.heartbeat.stalled_for() == 0.0)
+            assert watchdog.check()
+        assert sent == ["WATCHDOG=1"] * 6
+        assert ticks == []  # the due check did not run: it waits for the runner
+        release.set()
+        poll("the deferred check", lambda: ticks == ["tick"])
+        probe.join(10)
+        assert reply["status"] == "OK"
+        assert [r["check"] for r in reply["results"]] == ["deep_burn"]
+    finally:
+        release.set()
+        daemon.stop()
+        if loop.is_alive():
+            loop.join(10)
+        probe.join(10)
+        store.close()
+    assert not loop.is_alive() and not probe.is_alive()
+    busy = [r.getMessage() for r in caplog.records if "check runner" in r.getMessage()]
+    assert busy[0].startswith(
+        "the check runner is busy with another run (a check asked for through the socket, "
+        "such as a sweep's deep probe): 1 due checks wait for it (tick)"
+    )
+    assert len(busy) == 2 and busy[1].startswith("the check runner is free again")
+    assert not watchdog_lines(caplog)  # never a stall
