@@ -3,9 +3,7 @@ started once per test session and reset before each test that uses it."""
 
 from __future__ import annotations
 
-import fcntl
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,11 +27,7 @@ def lab_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     if os.geteuid() != 0:
         pytest.fail("the lab tests run munged, slurmctld and slurmd: run them as root")
     lab = Lab(tmp_path_factory.mktemp("lab"))
-    # Test workers (pytest-xdist) each run a lab of their own: one at a time picks its free
-    # loopback ports and binds them, so two labs never pick the same block.
-    with open(Path(tempfile.gettempdir()) / "medic-lab-ports.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        lab.up()
+    lab.up()  # each test worker (pytest-xdist) runs a lab of its own
     try:
         yield lab
     finally:

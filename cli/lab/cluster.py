@@ -8,6 +8,7 @@ The same class serves `medic lab`, the pytest fixtures, the demo and the benchma
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -16,6 +17,7 @@ import signal
 import socket
 import stat
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -247,25 +249,31 @@ class Lab:
         started = time.monotonic()
         ensure_packages()
         host = socket.gethostname().split(".")[0]
+        # Several labs may start at once on one host (test workers, the demo): one at a time
+        # picks a free block of loopback ports and has its daemons bind them.
+        ports_lock = open(Path(tempfile.gettempdir()) / "medic-lab-ports.lock", "a")  # noqa: SIM115
+        fcntl.flock(ports_lock, fcntl.LOCK_EX)
         ports = LabPorts(slurmctld=_free_port_block(spec.nodes + 1), slurmd_first=0)
         ports = LabPorts(slurmctld=ports.slurmctld, slurmd_first=ports.slurmctld + 1)
         state = LabState(
             spec=spec, ports=ports, host=host, venv_bin=str(self.venv_bin), started_at=time.time()
         )
-        self._write_files(state)
         try:
+            self._write_files(state)
             state.munged_pid = self._start_munged()
             self._save(state)
             state.slurmctld_pid = self._start_slurmctld()
             self._save(state)
             for name in spec.node_names():
                 self.start_slurmd(name)
+            ports_lock.close()  # the daemons hold their ports now
             wait_for(
                 "all lab nodes to be IDLE",
                 lambda: all(n.is_idle for n in self.nodes()),
                 timeout,
             )
         except BaseException:
+            ports_lock.close()
             self.down()
             raise
         state.up_seconds = time.monotonic() - started
