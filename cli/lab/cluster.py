@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import json
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -132,14 +133,16 @@ def wait_for(
         time.sleep(interval)
 
 
+# Below Linux's default ephemeral range (32768-60999): a slurmd restarted by a simulated
+# reboot must find its port free, not taken by some process's outgoing connection.
+LAB_PORTS = range(20000, 32000)
+
+
 def _free_port_block(count: int) -> int:
     """First port of `count` consecutive free loopback ports."""
+    rng = random.Random()
     for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first: int = probe.getsockname()[1]
-        if first + count >= 65000:
-            continue
+        first = rng.randrange(LAB_PORTS.start, LAB_PORTS.stop - count)
         if all(_port_free(first + i) for i in range(count)):
             return first
     raise LabError("no block of free loopback ports found")
