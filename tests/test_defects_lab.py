@@ -326,6 +326,29 @@ def test_4_cap_held_fault_waits_hooks_respect_the_cap_and_it_drains_when_the_cap
     assert after.id == capped.id and ep.EpisodeStore(store).steps(after.id) == []
 
 
+@pytest.mark.xfail(
+    reason="bug: Slurm 22.05 drains a node whose prolog fails ('Prolog error'), so a job"
+    " landing on a cap-held node takes it out of service anyway, with a reason that is not"
+    " Medic's: the cap is passed, and once it frees the episode goes to needs_human"
+    " ('drained by someone else: reason kept') instead of being repaired",
+    strict=True,
+)
+def test_4_a_job_landing_on_a_cap_held_node_leaves_it_in_service(lab: Lab, store: Store) -> None:
+    lab.slurm(["scontrol", "update", "nodename=n3", "state=drain", "reason=medic: gpu.xid.79 gpu0"])
+    lab.start_healthd("n2")
+    lab.inject("n2", 1, ["xid=95"])
+    wait_episode(store, "n2", (ep.WAITING_CAP,), timeout=15)
+    job_id = submit(lab, "-w", "n2", "--wrap", "true")
+
+    def refused() -> bool:
+        gates = [e for e in store.events("n2", kind="gate") if e.target == f"job:{job_id}"]
+        return bool(gates) and job(lab, job_id)["job_state"] == "PENDING"
+
+    poll("the job refused on n2 and requeued", refused, timeout=30)
+    info = node_info(lab, "n2")
+    assert in_service(lab, "n2"), f"{info['state_flags']}: {info['reason']}"
+
+
 # --- 5: the rails hold with a per-node SQLite store -----------------------------------------
 
 
@@ -419,7 +442,13 @@ def test_7_a_prolog_refusal_spends_no_restart_and_a_dbe_seen_twice_is_charged_on
         return {"gpu.xid.48", "gpu.ecc.dbe"} <= critical
 
     poll("both findings", both_seen, timeout=15)
-    poll("the job requeued", lambda: "requeued" in job_actions(store, "n2", job_id), timeout=15)
+    # Seen in one check round (one response) or two: wait for every response to be done.
+    rounds = {c.since for c in store.conditions("n2", status="CRITICAL") if c.target == "1"}
+
+    def responded() -> int:
+        return len([e for e in store.events("n2", kind="job_action") if e.target == "1"])
+
+    poll(f"{len(rounds)} response(s) to the fault", lambda: responded() == len(rounds), timeout=15)
     poll("the job off n2", lambda: job(lab, job_id)["job_state"] != "RUNNING", timeout=15)
     comment = admin_comment(lab, job_id)
     assert "restart 1/1" in comment and "budget spent" not in comment, comment
