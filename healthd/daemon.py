@@ -7,8 +7,10 @@ moves only when status or reason changes), EVENT results become events; a fresh 
 to the remediation ladder's thread (`healthd.ladder_thread`). A local socket
 (`healthd.socket_api`) answers the Slurm hooks and the CLI, the launch questions through the
 launch gate (`healthd.launch_gate`). systemd: Type=notify with a watchdog that is pinged only
-while the scheduler and the XID listener make progress (`healthd.watchdog`), SIGHUP reloads
-the configuration, SIGTERM stops cleanly.
+while the scheduler and the XID listener make progress (`healthd.watchdog`), a STATUS= line
+every few seconds, SIGHUP reloads the configuration (RELOADING=1 ... READY=1), SIGTERM stops
+cleanly; log lines carry syslog priorities when stderr is the journal (`healthd.logs`), and
+a configuration it cannot use exits EXIT_CONFIG, which the unit does not restart.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import socketserver
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from healthd import sdnotify
+from healthd import logs, sdnotify
 from healthd.checks import load_check_configs
 from healthd.checks.base import CheckContext, Kind, Result, Status, Tier
 from healthd.gpu_plumbing import GpuPlumbing, start_gpu_plumbing
@@ -58,6 +61,10 @@ REFRESH_SECONDS = 300.0  # an unchanged condition's message, evidence and update
 # watchdog sees it beat, while a scheduler really stuck (a store write that hangs) does not.
 RUNNER_WAIT = 1.0
 BUSY_RETRY = 5.0
+# Exit status for a configuration the daemon cannot use (a bad medic.toml, a bad store URL):
+# EX_CONFIG of sysexits.h (systemd shows it as "78/CONFIG"). The unit does not restart on it
+# (RestartPreventExitStatus=78): restarting cannot fix a file, a human must.
+EXIT_CONFIG = 78
 
 
 class HealthDaemon:
@@ -93,6 +100,8 @@ class HealthDaemon:
         # The remediation ladder's thread (attached by build_daemon when Slurm is at hand).
         self.ladder: LadderThread | None = None
         self.gate = LaunchGate(self)
+        self.notify: Callable[[str], object] = sdnotify.notify  # systemd's notify socket
+        self._reload_lock = threading.Lock()
         self.apply_config(config)
         if gpu is not None:
             gpu.on_xid = self.wake_checks
@@ -116,13 +125,19 @@ class HealthDaemon:
         self._wake.set()
 
     def reload(self, path: Path | None = None) -> bool:
-        try:
-            self.apply_config(load_config(path or self.config.source))
-        except ConfigError as exc:
-            log.error("reload refused, keeping the running configuration: %s", exc)
-            return False
-        log.info("configuration reloaded from %s", self.config.source)
-        return True
+        """SIGHUP: re-read the file. systemd hears RELOADING=1 before and READY=1 after,
+        whether the new file was taken or refused (the daemon runs on either way)."""
+        with self._reload_lock:  # two SIGHUPs in a row: one reload after the other
+            self.notify(sdnotify.reloading())
+            try:
+                self.apply_config(load_config(path or self.config.source))
+            except ConfigError as exc:
+                log.error("reload refused, keeping the running configuration: %s", exc)
+                return False
+            finally:
+                self.notify("READY=1")
+            log.info("configuration reloaded from %s", self.config.source)
+            return True
 
     @property
     def checks(self) -> Runner:
@@ -353,6 +368,28 @@ class HealthDaemon:
     def current(self) -> list[Result]:
         return [r for _, results in self._latest.values() for r in results]
 
+    def status_line(self) -> str:
+        """One line for `systemctl status` (STATUS=): "watching 8 GPUs; last round 2 s ago;
+        0 CRITICAL", and what the scheduler is waiting for when it is."""
+        if self.gpu is None:
+            gpus = "no GPUs (CPU node)"
+        else:
+            latest = self._latest.get("gpu_count")
+            counts = [r.evidence.get("count") for r in latest[1]] if latest else []
+            count = next((c for c in counts if isinstance(c, int)), None)
+            gpus = "GPUs (not counted yet)" if count is None else f"{count} GPUs"
+        since = self.heartbeat.stalled_for()
+        round_words = "no check round yet" if since is None else f"last round {since:.0f} s ago"
+        seen = Counter(r.status for r in self.current())
+        found = [f"{seen[Status.CRITICAL]} CRITICAL"]
+        found += [f"{seen[s]} {s.value}" for s in (Status.UNKNOWN, Status.WARN) if seen[s]]
+        line = f"watching {gpus}; {round_words}; {', '.join(found)}"
+        busy_since = self._busy_since
+        if busy_since is not None:
+            waited = time.monotonic() - busy_since
+            line += f"; periodic checks waiting {waited:.0f} s for a run in progress"
+        return line
+
     def latest(self, name: str) -> tuple[float, tuple[Result, ...]] | None:
         """(monotonic time of the check's last run, its condition results), or None."""
         return self._latest.get(name)
@@ -437,18 +474,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--config", type=Path, help="config file (default: MEDIC_CONFIG or /etc/medic/medic.toml)"
     )
-    parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
     )
+    args = parser.parse_args(argv)
+    journal = logs.configure(args.log_level, sys.stderr)
     try:
         config = load_config(args.config)
         daemon = build_daemon(config)
-    except (ConfigError, ValueError) as exc:
-        print(f"medic-healthd: {exc}", file=sys.stderr)
-        return 2
+    except (ConfigError, ValueError) as exc:  # a file or URL no restart can fix
+        line = f"medic-healthd: {exc}"
+        print(logs.with_priority(line, logging.ERROR) if journal else line, file=sys.stderr)
+        return EXIT_CONFIG
     server = daemon.serve(config.paths.socket)
     if daemon.settings.metrics_port:
         daemon.metrics.serve(daemon.settings.metrics_address, daemon.settings.metrics_port)
@@ -470,14 +510,19 @@ def main(argv: list[str] | None = None) -> int:
         daemon.ladder.start()
     period = sdnotify.watchdog_period()  # None: not run by systemd with WatchdogSec
     watchdog = None if period is None else watch_progress(daemon, period)
+    status = sdnotify.StatusReporter(daemon.status_line) if sdnotify.enabled() else None
     sdnotify.notify("READY=1")
     if watchdog is not None:
         watchdog.start()
+    if status is not None:
+        status.start()
     try:
         daemon.loop()
     finally:
         if watchdog is not None:
             watchdog.stop()
+        if status is not None:
+            status.stop()
         sdnotify.notify("STOPPING=1")
         if daemon.kmsg is not None:
             daemon.kmsg.stop()

@@ -292,7 +292,7 @@ def test_the_daemon_refuses_a_config_it_cannot_read_in_one_line(tmp_path: Path) 
             env={"PATH": "/usr/bin:/bin", "MEDIC_NODE_NAME": "n1"},
             timeout=60,
         )
-        assert done.returncode == 2, done.stderr
+        assert done.returncode == 78, done.stderr  # EX_CONFIG: systemd does not restart it
         assert done.stderr.strip().splitlines() == [
             f"medic-healthd: {config}: -: {done.stderr.split(': -: ', 1)[1].strip()}"
         ]

@@ -4,6 +4,7 @@ library, the lab's shared SQLite store, the Unix socket, signals and sd_notify."
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import time
@@ -245,22 +246,51 @@ def exited(pid: int) -> bool:
 
 
 def test_sighup_with_a_bad_config_keeps_the_running_one(tmp_path: Path) -> None:
+    """...and systemd hears RELOADING=1 (with MONOTONIC_USEC=) and READY=1 around each
+    reload; with stderr the journal (JOURNAL_STREAM names it), every line carries its syslog
+    priority and no timestamp."""
+    notify_path = tmp_path / "notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(notify_path))
+    listener.settimeout(10)
+    log = tmp_path / "healthd.log"
+    log.touch()  # the daemon's stderr: JOURNAL_STREAM names its device and inode
+    journal = f"{log.stat().st_dev}:{log.stat().st_ino}"
+    env = {"NOTIFY_SOCKET": str(notify_path), "JOURNAL_STREAM": journal}
     config = plain_config(tmp_path, "[checks.cpus]\ninterval = 7\n")
-    pid = start_daemon(tmp_path, config)
+    pid = start_daemon(tmp_path, config, env)
+
+    def next_reload_messages() -> list[str]:
+        """From RELOADING=1 to READY=1; STATUS= lines come and go meanwhile."""
+        seen: list[str] = []
+        while not seen or seen[-1] != "READY=1":
+            message = listener.recv(4096).decode()
+            if seen or message.startswith("RELOADING=1"):
+                seen.append(message)
+        return [m for m in seen if not m.startswith("STATUS=")]
+
     try:
+        assert listener.recv(4096).decode() == "READY=1"
         good = config.read_text()
         config.write_text(good + "\n[checks.ib]\nmin_rate_gbps = -5\n")
         os.kill(pid, signal.SIGHUP)
-        log = tmp_path / "healthd.log"
+        reloading, ready = next_reload_messages()
+        assert re.fullmatch(r"RELOADING=1\nMONOTONIC_USEC=[0-9]+", reloading) and ready
         poll("reload refusal", lambda: "reload refused" in log.read_text())
         assert "checks.ib.min_rate_gbps" in log.read_text()
         assert ask(tmp_path / "healthd.sock", {"op": "ping"}, timeout=2)["pid"] == pid
 
         config.write_text(good)
         os.kill(pid, signal.SIGHUP)
+        assert len(next_reload_messages()) == 2
         poll("reload", lambda: "configuration reloaded" in log.read_text())
     finally:
-        stop_daemon(pid, tmp_path / "healthd.log")
+        stop_daemon(pid, log)
+        listener.close()
+    lines = log.read_text().splitlines()
+    assert any(line.startswith("<3>ERROR medic.healthd: reload refused, ") for line in lines)
+    assert any(line.startswith("<6>INFO medic.healthd: configuration reloaded") for line in lines)
+    assert lines[-1] == "<6>INFO medic.healthd: medic-healthd stopped"
 
 
 def test_sigterm_stops_cleanly_and_systemd_hears_ready_and_watchdog(tmp_path: Path) -> None:
@@ -277,6 +307,15 @@ def test_sigterm_stops_cleanly_and_systemd_hears_ready_and_watchdog(tmp_path: Pa
         while "WATCHDOG=1" not in messages:
             messages.append(listener.recv(4096).decode())
         assert messages[0] == "READY=1"
+        # systemctl status shows the daemon's one line (sent at once, then every 10 s).
+        while not any(m.startswith("STATUS=") for m in messages):
+            messages.append(listener.recv(4096).decode())
+        status = next(m for m in messages if m.startswith("STATUS="))
+        assert re.fullmatch(
+            r"STATUS=watching no GPUs \(CPU node\); (no check round yet|last round \d+ s ago); "
+            r"\d+ CRITICAL.*",
+            status,
+        ), status
         # Pings keep coming at half the watchdog period while nothing is due.
         before = messages.count("WATCHDOG=1")
         deadline = time.monotonic() + 5
