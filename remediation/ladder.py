@@ -491,6 +491,7 @@ class Ladder:
             self.host.event(
                 "rebooted", severity="INFO", fault_class=episode.fault_class, target=episode.target
             )
+            self._keep_out_until_verified(episode)
             return self._verify(self.store.update(episode.id, state=ep.VERIFYING))
         try:
             node = self.slurm.node(self.node)
@@ -506,6 +507,25 @@ class Ladder:
         if elapsed > self.settings.reboot_timeout:
             return self._escalate(episode, f"no new boot within {elapsed:.0f}s")
         return episode
+
+    def _keep_out_until_verified(self, episode: ep.Episode) -> None:
+        """Slurm may put a rebooted node back in service before Medic verified it:
+        `ReturnToService=2` returns a DOWN node that registers (a reboot past ResumeTimeout
+        loses Medic's reason to "reboot timed out" first). Drain it again until verified."""
+        reason = format_reason(episode.fault_class, episode.target, "rebooted, verifying")
+        try:
+            outcome = drain_if_allowed(self.slurm, self.node, reason)
+        except SlurmError as exc:
+            log.warning("%s: could not keep the rebooted node out: %s", self.node, exc)
+            return
+        if outcome is DrainOutcome.DRAINED:
+            self.host.event(
+                "rebooted: Slurm put the node back in service before it was verified; drained"
+                " again until it is",
+                severity="WARN",
+                fault_class=episode.fault_class,
+                target=episode.target,
+            )
 
     def _reboot_refused(self, episode: ep.Episode, exc: SlurmError) -> ep.Episode:
         refusals = sum(

@@ -1244,6 +1244,24 @@ def test_jobs_running_past_idle_timeout_are_reported_once_and_never_killed(
     assert world.nodes["n1"].commands == [], "never repaired under a running job"
 
 
+def test_a_node_slurm_returns_after_its_reboot_stays_out_until_verified(world: World) -> None:
+    """ReturnToService=2 (or a reboot past ResumeTimeout) puts the rebooted node back IDLE
+    with no reason before its daemon verified it: drained again, then given back once it
+    passes, or kept out when it fails."""
+    world.fault("n1", XID_79)
+    world.tick("n1")
+    world.nodes["n1"].hardware_fault = True  # the reboot does not cure it
+    world.reboot_happens("n1")
+    n = world.slurm.by_name["n1"]
+    n.state, n.reason = "IDLE", ""  # Slurm returned it on registration
+    assert in_service(world, "n1")
+    episode = world.tick("n1")
+    assert not in_service(world, "n1")
+    assert world.nodes["n1"].said("drained again until it is")
+    assert episode is not None and episode.state != ep.RESOLVED
+    assert "rebooted, verifying" in n.reason or "RMA" in n.reason
+
+
 def test_a_slurm_error_on_keep_out_is_retried_at_the_next_tick(world: World) -> None:
     world.rma_ticket("n2")
     world.slurm.fail("drain")
