@@ -80,6 +80,7 @@ class PostgresServer:
         self._launcher_pid: int | None = None
         self._postmaster_pid: int | None = None
         self._names = itertools.count(1)
+        self._server_args: list[str] = []
 
     def _argv(self, program: str, *args: str) -> list[str]:
         binary = str(self.bindir / program)
@@ -124,12 +125,27 @@ class PostgresServer:
         args = ["-D", str(self.data)]
         for key, value in settings.items():
             args += ["-c", f"{key}={value}"]
-        self._launcher_pid = spawn(self._argv("postgres", *args), log_path=self.log)
+        self._server_args = args
+        self._run_server()
+
+    def _run_server(self) -> None:
+        self._launcher_pid = spawn(self._argv("postgres", *self._server_args), log_path=self.log)
         try:
             _wait_for("PostgreSQL to accept connections", self._ready, START_TIMEOUT)
         except (TimeoutError, RuntimeError) as exc:
             raise RuntimeError(f"{exc}; server log:\n{self._log_tail()}") from None
         self._postmaster_pid = int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def outage(self) -> None:
+        """Stop the server and keep its data: clients get "connection refused" (no socket)
+        until `back`. For tests of what Medic does while its store is down."""
+        self._shut_down()
+
+    def back(self) -> None:
+        """Start the server again after `outage`, with every database as it was (nothing
+        to do while it runs)."""
+        if self._postmaster_pid is None:
+            self._run_server()
 
     def _log_tail(self) -> str:
         try:
@@ -172,25 +188,30 @@ class PostgresServer:
         """Fast shutdown of the postmaster by PID (SIGINT), SIGKILL to the group if it does
         not go within STOP_TIMEOUT. Removes the data directory."""
         try:
-            pid = self._postmaster_pid
-            if pid is None:
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    pid = int((self.data / "postmaster.pid").read_text().split()[0])
-            if pid is not None and not _gone(pid):
-                os.kill(pid, signal.SIGINT)
-                try:
-                    _wait_for("PostgreSQL to shut down", lambda: _gone(pid), STOP_TIMEOUT)
-                except TimeoutError:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-            if self._launcher_pid is not None:
-                if not self._launcher_exited():
-                    # The launcher (runuser) leads its own process group: end what is left.
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(self._launcher_pid, signal.SIGKILL)
-                _wait_for("the launcher to exit", self._launcher_exited, STOP_TIMEOUT)
+            self._shut_down()
         finally:
             shutil.rmtree(self.base, ignore_errors=True)
+
+    def _shut_down(self) -> None:
+        pid = self._postmaster_pid
+        if pid is None:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        if pid is not None and not _gone(pid):
+            os.kill(pid, signal.SIGINT)
+            try:
+                _wait_for("PostgreSQL to shut down", lambda: _gone(pid), STOP_TIMEOUT)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self._postmaster_pid = None
+        if self._launcher_pid is not None:
+            if not self._launcher_exited():
+                # The launcher (runuser) leads its own process group: end what is left.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._launcher_pid, signal.SIGKILL)
+            _wait_for("the launcher to exit", self._launcher_exited, STOP_TIMEOUT)
+            self._launcher_pid = None
 
 
 @pytest.fixture(scope="session")

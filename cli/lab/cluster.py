@@ -399,6 +399,22 @@ class Lab:
         wait_for("slurmctld to answer", ready, 15, interval=0.1)
         return pid
 
+    def stop_slurmctld(self, timeout: float = 15.0) -> None:
+        """Stop the controller (an outage: the nodes' slurmd and the jobs go on); it saves
+        its state, so `start_slurmctld` brings it back with every job and node state."""
+        state = self.state()
+        if pid_alive(state.slurmctld_pid):
+            self._terminate([state.slurmctld_pid], timeout)
+
+    def start_slurmctld(self) -> int:
+        """Start the controller again after `stop_slurmctld`; waits until it answers."""
+        state = self.state()
+        if pid_alive(state.slurmctld_pid):
+            return state.slurmctld_pid
+        state.slurmctld_pid = self._start_slurmctld()
+        self._save(state)
+        return state.slurmctld_pid
+
     def start_slurmd(self, name: str, rebooted: bool = False) -> int:
         """Start one node's slurmd; `rebooted` reports a completed reboot to slurmctld (-b)."""
         node = self.layout.node(name)
