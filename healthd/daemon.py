@@ -281,7 +281,7 @@ class HealthDaemon:
                         evidence=dict(event.evidence),
                     )
             self.metrics.observe_report(report)
-            self.metrics.observe_current(self.current())
+            self.metrics.observe_round(self)  # the scrapes read this round's results
         if new_faults and self.on_fault is not None:
             # Slurm calls take time and may hang: never on the scheduler's thread.
             threading.Thread(
