@@ -45,7 +45,15 @@ from cli.admin import (
     store_option,
     warn,
 )
-from healthd.checks.base import CheckConfig, CheckContext, Kind, Result, Status, Tier
+from healthd.checks.base import (
+    CheckConfig,
+    CheckContext,
+    Kind,
+    Result,
+    Status,
+    Tier,
+    gpu_checks_skipped,
+)
 from healthd.runner import CheckOutcome, Runner
 from medic_core.config import ConfigError, MedicConfig
 from medic_core.slurm import SlurmError
@@ -166,16 +174,11 @@ def skipped_lines(skipped: Sequence[tuple[str, str]]) -> list[str]:
     return [f"skipped ({why}): {', '.join(names)}" for why, names in by_why.items()]
 
 
-def plan(
-    runner: Runner,
-    tiers: Sequence[Tier],
-    wanted: Sequence[str],
-    skip_gpu: str,
-) -> Plan:
+def plan(runner: Runner, tiers: Sequence[Tier], wanted: Sequence[str]) -> Plan:
     """The checks `medic check` runs: `wanted` (every enabled check when empty) in `tiers`,
-    without the GPU checks on a node without a GPU driver. Raises AdminError (usage) for an
-    unknown name or an empty selection. `skip_gpu`: why the GPU checks are left out ("": run
-    them)."""
+    without the checks this node does not run (GPU checks on a CPU node: `Runner.not_here`,
+    the daemon's rule too). Raises AdminError (usage) for an unknown name or an empty
+    selection."""
     specs = runner.specs
     unknown = sorted(set(wanted) - set(specs))
     if unknown:
@@ -197,8 +200,9 @@ def plan(
         if not runner.configs[name].enabled:
             skipped.append((name, f"disabled in [checks.{name}]"))
             continue
-        if skip_gpu and "nvml" in spec.needs:
-            skipped.append((name, skip_gpu))
+        why = runner.not_here(name)
+        if why:
+            skipped.append((name, why))
             continue
         names.append(name)
     if not names:
@@ -210,26 +214,24 @@ def plan(
 
 @contextmanager
 def nvml_for(gpus: str) -> Iterator[tuple[Any, str]]:
-    """(the NVML client or None, why the GPU checks are left out or ""), as the daemon and
-    the prolog's inline run decide: no driver on an `auto` node is a CPU node."""
+    """(the NVML client or None, why the GPU checks are left out or ""), by the rule the
+    daemon and the prolog's inline run follow (`gpu_checks_skipped`): no driver on an
+    `auto` node is a CPU node."""
     if gpus == "none":
-        yield None, "not a GPU node ([healthd] gpus = none)"
+        yield None, gpu_checks_skipped(gpus, driver=False)
         return
     from healthd.nvml_client import NvmlError, NvmlUnavailable, PynvmlClient
 
     opened = PynvmlClient(call_timeout=NVML_CALL_TIMEOUT)
     client: PynvmlClient | None = opened
-    skip = ""
     try:
         opened.open()
     except NvmlUnavailable:
         client = None
-        if gpus == "auto":
-            skip = "no NVIDIA driver on this node ([healthd] gpus = auto)"
     except NvmlError:
         pass  # a GPU node in trouble: the GPU checks report it
     try:
-        yield client, skip
+        yield client, gpu_checks_skipped(gpus, driver=client is not None)
     finally:
         if client is not None:
             client.close()
@@ -403,8 +405,9 @@ def _check(
     started = dt.datetime.now(dt.UTC)
     begin = time.monotonic()
     with nvml_for(gpus) as (client, skip_gpu):
-        runner = Runner(CheckContext.for_root(config.paths.host_root, nvml=client), configs)
-        chosen = plan(runner, tiers, list(dict.fromkeys(names)), skip_gpu)
+        ctx = CheckContext.for_root(config.paths.host_root, nvml=client, gpu_skip=skip_gpu)
+        runner = Runner(ctx, configs)
+        chosen = plan(runner, tiers, list(dict.fromkeys(names)))
         # The launch tier alone runs within the prolog's budget, as it would at a job start.
         budget = launch_budget if tiers == (Tier.LAUNCH,) else None
         outcomes = run_plan(runner, chosen, budget)
@@ -463,11 +466,12 @@ def _requalify(as_json: bool, store_url: str | None, config_path: Path | None) -
     started = dt.datetime.now(dt.UTC)
     begin = time.monotonic()
     with nvml_for(gpus) as (client, skip_gpu):
-        runner = Runner(CheckContext.for_root(config.paths.host_root, nvml=client), configs)
-        chosen = plan(runner, DEFAULT_TIERS, (), skip_gpu)
+        ctx = CheckContext.for_root(config.paths.host_root, nvml=client, gpu_skip=skip_gpu)
+        runner = Runner(ctx, configs)
+        chosen = plan(runner, DEFAULT_TIERS, ())
         outcomes = run_plan(runner, chosen, None)
         if extra:  # one by one, like the deep tier
-            outcomes += run_plan(runner, plan(runner, tuple(Tier), list(extra), skip_gpu), None)
+            outcomes += run_plan(runner, plan(runner, tuple(Tier), list(extra)), None)
     seconds = time.monotonic() - begin
     record(config, store_url, node, outcomes, started)
     results = [r for o in outcomes for r in o.results]

@@ -16,6 +16,7 @@ a configuration it cannot use exits EXIT_CONFIG, which the unit does not restart
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import faulthandler
 import logging
@@ -32,7 +33,7 @@ from typing import Any
 
 from healthd import logs, sdnotify
 from healthd.checks import load_check_configs
-from healthd.checks.base import CheckContext, Kind, Result, Status, Tier
+from healthd.checks.base import CheckContext, Kind, Result, Status, Tier, gpu_checks_skipped
 from healthd.gpu_plumbing import GpuPlumbing, start_gpu_plumbing
 from healthd.jobs import SpoolJobState
 from healthd.kmsg_watch import KmsgWatcher
@@ -76,6 +77,10 @@ class HealthDaemon:
         gpu: GpuPlumbing | None = None,
     ) -> None:
         self.store = store
+        if not ctx.gpu_skip:  # a CPU node runs no GPU checks: the rule `medic check` follows
+            gpus = DaemonSettings.from_config(config).gpus
+            driver = gpu is not None or ctx.nvml is not None
+            ctx = dataclasses.replace(ctx, gpu_skip=gpu_checks_skipped(gpus, driver))
         self.ctx = ctx
         self.gpu = gpu
         self.node = config.node_name
@@ -103,6 +108,7 @@ class HealthDaemon:
         self.notify: Callable[[str], object] = sdnotify.notify  # systemd's notify socket
         self._reload_lock = threading.Lock()
         self.apply_config(config)
+        self._retire_not_run_here()
         if gpu is not None:
             gpu.on_xid = self.wake_checks
             gpu.on_event = self._on_gpu_event
@@ -138,6 +144,28 @@ class HealthDaemon:
                 self.notify("READY=1")
             log.info("configuration reloaded from %s", self.config.source)
             return True
+
+    def _retire_not_run_here(self) -> None:
+        """Conditions of checks this node does not run (GPU checks on a CPU node), left by
+        an earlier daemon (one that reported them UNKNOWN, or ran on a GPU), become
+        NOT_APPLICABLE: the node's health in the store is then what it runs."""
+        updates = [
+            ConditionUpdate(
+                type=name,
+                status=Status.NOT_APPLICABLE,
+                target=c.target,
+                message=f"not run on this node: {why}",
+            )
+            for name in self.checks.specs
+            if (why := self.checks.not_here(name))
+            for c in self.store.conditions(self.node, type=name)
+            if c.status != Status.NOT_APPLICABLE
+        ]
+        if updates:
+            self.store.set_conditions(self.node, updates, dt.datetime.now(dt.UTC))
+            log.info(
+                "%d conditions of checks not run on this node set NOT_APPLICABLE", len(updates)
+            )
 
     @property
     def checks(self) -> Runner:

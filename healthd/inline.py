@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from healthd.checks import load_check_configs
-from healthd.checks.base import CheckContext, Tier
+from healthd.checks.base import CheckContext, Tier, gpu_checks_skipped
 from healthd.nvml_client import NvmlError, NvmlUnavailable, PynvmlClient
 from healthd.results import finding_of
 from healthd.runner import Runner
@@ -44,24 +44,22 @@ def run_inline(config: MedicConfig, budget: float) -> Verdict:
         return out_of_time("inline", f"{max(budget, 0.0):.2f}s left for the checks")
     gpus = DaemonSettings.from_config(config).gpus
     client: PynvmlClient | None = None
-    skip_gpu = gpus == "none"
-    if not skip_gpu:
+    driver = False
+    if gpus != "none":
         client = PynvmlClient(call_timeout=min(3.0, budget / 2), init_timeout=budget / 2)
+        driver = True
         try:
             client.open()
         except NvmlUnavailable:
-            client = None
-            skip_gpu = gpus == "auto"  # no driver: a CPU node, as the daemon would judge
+            client, driver = None, False
         except NvmlError:
             pass  # a GPU node in trouble (hung or failing init): the GPU checks report it
     try:
-        ctx = CheckContext.for_root(config.paths.host_root, nvml=client)
+        # A CPU node leaves the GPU checks out, as the daemon and `medic check` do.
+        skip = gpu_checks_skipped(gpus, driver)
+        ctx = CheckContext.for_root(config.paths.host_root, nvml=client, gpu_skip=skip)
         runner = Runner(ctx, load_check_configs(config))
-        names = [
-            name
-            for name in runner.selected(tier=Tier.LAUNCH)
-            if not (skip_gpu and "nvml" in runner.specs[name].needs)
-        ]
+        names = runner.selected(tier=Tier.LAUNCH)
         report = runner.run(names, budget=max(0.0, deadline - time.monotonic()))
     finally:
         if client is not None:

@@ -124,7 +124,7 @@ class Runner:
         }
 
     def selected(self, names: Collection[str] | None = None, tier: Tier | None = None) -> list[str]:
-        """Enabled checks, optionally only `names` and only those in `tier`."""
+        """Enabled checks this node runs, optionally only `names` and only those in `tier`."""
         if names is not None:
             unknown = set(names) - set(self.specs)
             if unknown:
@@ -135,7 +135,13 @@ class Runner:
             if (names is None or name in names)
             and (tier is None or tier in spec.tiers)
             and self.configs[name].enabled
+            and not self.not_here(name)
         ]
+
+    def not_here(self, name: str) -> str:
+        """Why this node does not run check `name` at all (a GPU check on a CPU node:
+        `CheckContext.gpu_skip`), or "". Such a check is left out, not reported UNKNOWN."""
+        return self.ctx.gpu_skip if self.specs[name].is_gpu_check else ""
 
     def hung(self) -> dict[str, dt.datetime]:
         """Checks whose thread is still stuck in an earlier run, and since when."""

@@ -68,11 +68,14 @@ def test_a_healthy_node_exits_0_with_every_result_in_the_table(host: Path) -> No
 
 
 def test_a_critical_finding_exits_1(host: Path, tmp_path: Path) -> None:
+    # nvidia-persistenced is not required on a CPU node (tests/test_cpu_node.py); munged is.
     stop_service(tmp_path / "host", "nvidia-persiste")  # comm is cut at 15 characters
+    assert run(host, "--tier", "launch").exit_code == 0
+    stop_service(tmp_path / "host", "munged")
     result = run(host, "--tier", "launch")
     assert result.exit_code == 1, result.output
     [row] = [line for line in result.stdout.splitlines() if "CRITICAL " in line]
-    assert row.split()[:4] == ["services", "nvidia-persistenced", "CRITICAL", "service.down"]
+    assert row.split()[:4] == ["services", "munged", "CRITICAL", "service.down"]
     doc = json.loads(run(host, "--tier", "launch", "--json").stdout)
     assert (doc["status"], doc["exit_code"], doc["tiers"]) == ("CRITICAL", 1, ["launch"])
     assert "kernel_log" not in [c["name"] for c in doc["checks"]]  # periodic only
@@ -139,7 +142,7 @@ def test_a_progress_bar_on_a_terminal_only(tmp_path: Path, monkeypatch: pytest.M
 
     write_host_tree(tmp_path / "host")
     runner = Runner(CheckContext.for_root(tmp_path / "host"))
-    deep = cli_check.plan(runner, (Tier.DEEP,), (), "")
+    deep = cli_check.plan(runner, (Tier.DEEP,), ())
     for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
         monkeypatch.setattr(cli_check.sys, "stderr", stream)
         outcomes = cli_check.run_plan(runner, deep, None)
@@ -161,13 +164,13 @@ def test_record_writes_the_results_as_conditions(
 ) -> None:
     with open_store(store_url):
         pass  # created, as a daemon would have
-    stop_service(tmp_path / "host", "nvidia-persiste")
+    stop_service(tmp_path / "host", "munged")
     result = run(host, "--record", "--store", store_url)
     assert result.exit_code == 1, result.output
     assert result.stdout.splitlines()[-1] == "recorded in the store as c1's conditions"
     with open_store(store_url) as store:
         found = {(c.type, c.target): c for c in store.conditions(node="c1")}
-    bad = found[("services", "nvidia-persistenced")]
+    bad = found[("services", "munged")]
     assert (bad.status.value, bad.reason) == ("CRITICAL", "service.down")
     assert found[("cpus", "")].status.value == "OK"
     assert ("ib", "mlx5_7/1") in found

@@ -22,6 +22,7 @@ from healthd.checks.base import (
     Status,
     Tier,
     fault,
+    gpu_checks_skipped,
     not_applicable,
     ok,
     parse_check_config,
@@ -47,6 +48,7 @@ __all__ = [
     "Tier",
     "fault",
     "get",
+    "gpu_checks_skipped",
     "load_check_configs",
     "not_applicable",
     "ok",
@@ -82,7 +84,12 @@ def get(name: str) -> CheckSpec:
 
 
 def load_check_configs(config: MedicConfig) -> dict[str, CheckConfig]:
-    """Each check's config from the `[checks.<name>]` tables, defaults for the rest."""
+    """Each check's config from the `[checks.<name>]` tables, defaults for the rest; on a
+    node declared a CPU node (`[healthd] gpus = "none"`) without what only a GPU node has
+    (`CheckConfig.for_cpu_node`: the services check's GPU daemons)."""
+    from medic_core.settings import DaemonSettings
+
+    cpu_node = DaemonSettings.from_config(config).gpus == "none"
     specs = {spec.name: spec for spec in registry()}
     table: Any = config.table("checks")
     if not isinstance(table, Mapping):
@@ -99,9 +106,12 @@ def load_check_configs(config: MedicConfig) -> dict[str, CheckConfig]:
             raise ConfigError(
                 config.source, f"checks.{name}", "expected a table", f"write [checks.{name}]"
             )
-    return {
+    configs = {
         name: parse_check_config(
             spec.config_type, table.get(name, {}), prefix=f"checks.{name}", source=config.source
         )
         for name, spec in specs.items()
     }
+    if cpu_node:
+        configs = {name: cfg.for_cpu_node() for name, cfg in configs.items()}
+    return configs

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from healthd.hostfs import HostRoots, MountOps, OsMountOps
 from medic_core import proc
@@ -276,6 +276,20 @@ class SystemClock:
 # What a check may declare in `needs`; the runner reports UNKNOWN for a check whose needs
 # the context does not provide (no NVML on this node, say).
 CAPABILITIES = frozenset({"host", "commands", "clock", "mounts", "nvml"})
+GPU_NEED = "nvml"  # a check that needs NVML is a GPU check
+
+
+def gpu_checks_skipped(gpus: str, driver: bool) -> str:
+    """Why this node runs no GPU checks, or "" when it runs them: the one rule of the daemon,
+    the prolog's inline run and `medic check`. `gpus` is `[healthd] gpus`; `driver` whether
+    NVML loaded (an NVML that loads but fails or hangs is a GPU node in trouble: its GPU
+    checks run and say so). "none" is a CPU node; "auto" without a driver is one too;
+    "required" never is (no driver: the GPU checks report it)."""
+    if gpus == "none":
+        return "not a GPU node ([healthd] gpus = none)"
+    if gpus == "auto" and not driver:
+        return "no NVIDIA driver on this node ([healthd] gpus = auto)"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -286,6 +300,9 @@ class CheckContext:
     mounts: MountOps = field(default_factory=OsMountOps)
     # The GPU checks' NVML client; typed by its own module, None where there is no NVML.
     nvml: Any | None = None
+    # Why this node runs no GPU checks (`gpu_checks_skipped`), "" on a GPU node: the runner
+    # leaves the GPU checks out instead of reporting them UNKNOWN.
+    gpu_skip: str = ""
 
     @classmethod
     def for_root(cls, host_root: Path | str, **kwargs: Any) -> CheckContext:
@@ -322,6 +339,12 @@ class CheckConfig:
     def problems(self) -> Iterator[tuple[str, str, str]]:
         """Cross-field problems as (key, problem, fix); a subclass overrides this."""
         return iter(())
+
+    def for_cpu_node(self) -> Self:
+        """This configuration on a node declared a CPU node (`[healthd] gpus = "none"`):
+        without what only a GPU node has (the services check's GPU daemons). A subclass
+        overrides this; by default nothing changes."""
+        return self
 
 
 C = TypeVar("C", bound=CheckConfig)
@@ -375,6 +398,10 @@ class CheckSpec:
 
     def default_config(self) -> CheckConfig:
         return self.config_type()
+
+    @property
+    def is_gpu_check(self) -> bool:
+        return GPU_NEED in self.needs
 
     def interval_for(self, cfg: CheckConfig) -> float:
         return cfg.interval if cfg.interval is not None else self.interval

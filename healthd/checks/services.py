@@ -1,4 +1,6 @@
-"""Required daemons: a live process with the service's name under /proc.
+"""Required daemons: a live process with the service's name under /proc. On a node declared
+a CPU node (`[healthd] gpus = "none"`) the GPU daemons (nvidia-persistenced, nv-fabricmanager,
+DCGM's nv-hostengine) are not required.
 
 `service.down` recommends `restart_service`: the ladder starts no GPU rung for it (never a
 driver reload); a human, or a capped restart of exactly the unit named in the finding's
@@ -6,6 +8,7 @@ evidence (`unit`, e.g. munge.service for munged), brings it back."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -29,6 +32,10 @@ from healthd.hostfs import list_dir, read_text, read_value
 NAME = "services"
 COMM_LEN = 15  # the kernel truncates /proc/<pid>/comm to TASK_COMM_LEN - 1 bytes
 FABRICMANAGER = "nv-fabricmanager"
+# Daemons only a GPU node runs (DCGM's is nv-hostengine): never required on a node declared
+# a CPU node ([healthd] gpus = "none"), whatever `required` says.
+GPU_SERVICES = frozenset({"nvidia-persistenced", FABRICMANAGER, "nv-hostengine"})
+_GPU_COMMS = frozenset(name[:COMM_LEN] for name in GPU_SERVICES)
 # The systemd unit of each daemon whose process name differs from "<name>.service".
 DEFAULT_UNITS: Mapping[str, str] = {
     "munged": "munge.service",
@@ -55,6 +62,13 @@ class ServicesConfig(CheckConfig):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "units", {**DEFAULT_UNITS, **self.units})
+
+    def for_cpu_node(self) -> ServicesConfig:
+        return dataclasses.replace(
+            self,
+            required=tuple(n for n in self.required if n[:COMM_LEN] not in _GPU_COMMS),
+            fabricmanager=False,
+        )
 
     def unit(self, service: str) -> str:
         return self.units.get(service) or f"{service}.service"
