@@ -160,7 +160,10 @@ class LaunchGate:
         from remediation.decide import decide_launch as decide
 
         seen = Verdict.from_reply(dict(verdict), "healthd", float(verdict.get("seconds", 0.0)))
-        decision = decide(seen, HookSettings.from_config(self.host.config))
+        rma_open, cap_held = self._rails()
+        decision = decide(
+            seen, HookSettings.from_config(self.host.config), rma_open=rma_open, cap_held=cap_held
+        )
         first = decision.first
         self.host.store.add_event(
             node=self.host.node,
@@ -184,7 +187,27 @@ class LaunchGate:
                 "seconds": verdict.get("seconds"),
             },
         )
-        return {"allow": decision.allow, "why": decision.why}
+        reply: dict[str, Any] = {"allow": decision.allow, "why": decision.why}
+        if not decision.allow:  # what the prolog's refusal drains for
+            reply["blocking"] = [f.as_json() for f in decision.blocking]
+        return reply
+
+    def _rails(self) -> tuple[list[int], str]:
+        """This node's open RMA tickets, and the episode the drain cap keeps in service (its
+        why), as the store knows them; nothing when it does not answer (the verdict alone
+        decides then, and the ladder's keep-out still drains an RMA node)."""
+        from remediation import episodes as ep
+        from remediation import tickets
+
+        try:
+            rma_open = tickets.open_tickets(self.host.store, self.host.node)
+            episode = ep.EpisodeStore(self.host.store).open_for(self.host.node)
+        except Exception as exc:  # a store that fails must not stop a job start
+            log.warning("launch gate: RMA tickets and episodes unknown: %s", exc)
+            return [], ""
+        if episode is not None and episode.state == ep.WAITING_CAP:
+            return rma_open, f"episode {episode.id} waits for the drain cap"
+        return rma_open, ""
 
     def after_job(self, job_id: str) -> None:
         """Post-job checks and the job's health summary (an event of kind "job_summary");

@@ -31,9 +31,26 @@ class GateDecision:
         return self.blocking[0] if self.blocking else None
 
 
-def decide_launch(verdict: Verdict, settings: HookSettings) -> GateDecision:
-    """May a job start here? CRITICAL never; UNKNOWN only with on_unknown = "open"."""
+def decide_launch(
+    verdict: Verdict,
+    settings: HookSettings,
+    *,
+    rma_open: Sequence[int] = (),
+    cap_held: str = "",
+) -> GateDecision:
+    """May a job start here? Never with an open RMA ticket (whatever Slurm shows); CRITICAL
+    never, unless the drain cap keeps the fault in service (`cap_held`, its reason: a
+    refusal would have Slurm drain the node past the cap, "Prolog error"); UNKNOWN only
+    with on_unknown = "open"."""
+    if rma_open:
+        why = f"RMA ticket {rma_open[0]} is open"
+        ticket = Finding("rma", Status.CRITICAL, "rma.open", "", why, Recommendation.DRAIN)
+        return GateDecision(False, Status.CRITICAL, (ticket,), why)
     critical = tuple(f for f in verdict.findings if f.status is Status.CRITICAL)
+    if critical and cap_held:
+        return GateDecision(
+            True, Status.CRITICAL, critical, f"fault left in service by the drain cap: {cap_held}"
+        )
     if critical:
         return GateDecision(False, Status.CRITICAL, critical, "CRITICAL fault on this node")
     unknown = tuple(f for f in verdict.findings if f.status is Status.UNKNOWN)

@@ -18,7 +18,9 @@ from typing import Any, NoReturn
 from healthd.inline import run_inline
 from medic_core.config import MedicConfig
 from medic_core.settings import HookSettings
-from medic_core.vocabulary import Verdict
+from medic_core.status import Status
+from medic_core.vocabulary import Finding, Verdict
+from remediation.decide import GateDecision
 from remediation.decide import decide_launch as decide
 from slurm_hooks.actions import record_gate, refuse_launch
 
@@ -65,9 +67,15 @@ def gate_slow_path(
         verdict = Verdict(inline.status, inline.findings, "inline", inline.seconds, note)
         decision = decide(verdict, settings)
         work["recording"] = lambda: record_gate(config, job_id, verdict, decision)
-    else:  # the daemon decided (and recorded) a refusal
+    else:  # the daemon decided (and recorded) a refusal: it stands, with its reasons
         verdict = Verdict.from_reply(reply, "healthd", float(reply.get("seconds", 0.0)))
         decision = decide(verdict, settings)
+        blocking = reply.get("blocking")
+        if decision.allow and isinstance(blocking, list):  # e.g. an RMA ticket
+            findings = tuple(Finding.from_json(b) for b in blocking if isinstance(b, dict))
+            why = str(reply.get("why") or "refused by medic-healthd")
+            refused = Finding("gate", Status.CRITICAL, "gate.refused", "", why)
+            decision = GateDecision(False, Status.CRITICAL, findings or (refused,), why)
     messages: list[str] = []
     if not decision.allow:
         work["the refusal's drain"] = lambda: messages.append(

@@ -8,9 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from medic_core.drain_reason import as_slurm_stores, claims_medic_prefix
+from medic_core.settings import HookSettings
 from medic_core.slurm import NodeInfo
-from medic_core.status import Status
-from medic_core.vocabulary import Finding, Recommendation
+from medic_core.status import Status, worst
+from medic_core.vocabulary import Finding, Recommendation, Verdict
 from remediation.decide import (
     NEEDS_HUMAN,
     PAUSED,
@@ -24,6 +25,7 @@ from remediation.decide import (
     Rails,
     cap_reason,
     decide_fault,
+    decide_launch,
     decide_resume,
 )
 from remediation.policy import Rung
@@ -261,3 +263,27 @@ def test_slurm_unreadable_means_no_drain_and_no_requeue_the_episode_waits() -> N
     assert not d.drain
     assert d.requeued == ()
     assert d.state == WAITING_CAP and "cannot read Slurm" in d.why
+
+
+# --- the gate: an RMA node never starts a job; the cap's fault is left in service ------------
+
+
+def verdict_of(*findings: Finding) -> Verdict:
+    return Verdict(worst(f.status for f in findings), tuple(findings), "healthd", 0.01)
+
+
+def test_an_open_rma_ticket_refuses_a_job_even_with_every_check_clean() -> None:
+    clean = verdict_of(Finding("gpu_count", Status.OK, "", "", "8 GPUs"))
+    d = decide_launch(clean, HookSettings(), rma_open=[12])
+    assert not d.allow and d.why == "RMA ticket 12 is open"
+    assert decide_launch(clean, HookSettings()).allow
+
+
+def test_a_fault_the_cap_keeps_in_service_lets_the_job_start() -> None:
+    """Refusing would have Slurm drain the node ("Prolog error") past the cap."""
+    sick = verdict_of(XID79)
+    assert not decide_launch(sick, HookSettings()).allow
+    d = decide_launch(sick, HookSettings(), cap_held="episode 3 waits for the drain cap")
+    assert d.allow and d.status is Status.CRITICAL
+    assert d.why == "fault left in service by the drain cap: episode 3 waits for the drain cap"
+    assert not decide_launch(sick, HookSettings(), rma_open=[1], cap_held="x").allow
