@@ -5,6 +5,7 @@ on Slurm's side (`respond`: drain, requeues, the episode).
 
 `attach_ladder(daemon)` builds it for a daemon (`LadderDaemon`: what the ladder's host needs,
 and the configuration); the daemon hands `respond` its new faults and starts the thread.
+Both sides' Slurm clients note what they learn of this node in `seen` (the metrics read it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from healthd.checks.base import Result, Status
 from healthd.ladder_host import DaemonLadderHost
 from healthd.ladder_host import HealthDaemon as HostDaemon
 from healthd.results import finding_of
+from healthd.slurm_seen import SlurmSeen
 from medic_core.config import MedicConfig
 from medic_core.settings import HookSettings, RemediationSettings, WebhookSettings
 from medic_core.slurm import SlurmError
@@ -47,8 +49,10 @@ class LadderThread:
         webhook: WebhookSettings | None = None,
         *,
         every: float = 2.0,
+        seen: SlurmSeen | None = None,
     ) -> None:
         self.daemon = daemon
+        self.seen = seen or SlurmSeen(daemon.node)  # this node as Slurm last showed it
         self.ladder = ladder
         self.episodes = episodes
         self.webhook = webhook
@@ -92,7 +96,7 @@ class LadderThread:
         daemon = self.daemon
         settings = HookSettings.from_config(daemon.config)
         findings = [finding_of(r) for r in faults]
-        client = slurm_client(daemon.config, settings)
+        client = self.seen.wrap(slurm_client(daemon.config, settings))
         now = dt.datetime.now(dt.UTC)
         with self.lock:
             try:
@@ -149,11 +153,12 @@ def attach_ladder(daemon: LadderDaemon) -> LadderThread:
     webhook = WebhookSettings.from_config(daemon.config)
     hooks = HookSettings.from_config(daemon.config)
     episodes = EpisodeStore(daemon.store)
+    seen = SlurmSeen(daemon.node)
     ladder = Ladder(
         daemon.node,
         episodes,
-        slurm_client(daemon.config, hooks),
+        seen.wrap(slurm_client(daemon.config, hooks)),
         DaemonLadderHost(daemon, episodes),
         settings,
     )
-    return LadderThread(daemon, ladder, episodes, webhook)
+    return LadderThread(daemon, ladder, episodes, webhook, seen=seen)

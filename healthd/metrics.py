@@ -6,9 +6,10 @@ process's (`process_*`, `python_info`) and `medic_build_info`.
 
 Counters and histograms are updated as checks run; they are exported without their
 `_created` series (a second series per counter that Prometheus does not need). What
-describes the node now (its worst status, its current faults) is built at scrape time from
-the results of the daemon's last check round (`observe_round`), so a scrape never sees a
-gauge half cleared and refilled.
+describes the node now (its status, faults, GPUs, episodes, RMA tickets, Slurm's view) is
+built at scrape time by `healthd.node_metrics` from the daemon's last recorded check round
+(`observe_round`), its memory and one store read with a deadline, so a scrape never sees a
+gauge half cleared and refilled, and never hangs on a store that does not answer.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ import socketserver
 import sys
 import threading
 import time
-from collections import Counter as Tally
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import (
@@ -36,10 +36,11 @@ from prometheus_client import (
     generate_latest,
     make_wsgi_app,
 )
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from healthd.checks.base import Result, Status, worst
+from healthd.checks.base import worst
+from healthd.node_metrics import STATUS_CODES, NodeCollector, RoundSource
 from healthd.runner import RunReport
 
 log = logging.getLogger("medic.healthd")
@@ -53,15 +54,6 @@ METRICS_DEADLINE = 10.0
 # A full server cuts its oldest idle connection and waits this long for the slot it frees.
 EVICT_WAIT_SECONDS = 1.0
 
-# The value each status is exported as in medic_check_status_code / medic_condition_...
-STATUS_CODES = {
-    Status.NOT_APPLICABLE: -1,
-    Status.OK: 0,
-    Status.WARN: 1,
-    Status.UNKNOWN: 2,
-    Status.CRITICAL: 3,
-}
-
 # Few buckets: every check is a label value, and each bucket is one more series per check
 # (11 buckets over 17 checks were 255 of a GPU node's 310 samples). They answer "how many
 # runs of this check took over 0.1 s, 1 s, 10 s"; _sum / _count give the mean.
@@ -74,12 +66,6 @@ def medic_version() -> str:
         return metadata.version("slurm-medic")
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-class RoundSource(Protocol):
-    """What the metrics read of the daemon: the results of its checks' last runs."""
-
-    def current(self) -> list[Result]: ...
 
 
 class _WithoutCreated(Collector):
@@ -96,23 +82,12 @@ class _WithoutCreated(Collector):
             yield family
 
 
-class _Now(Collector):
-    """The families that describe the node now, built at every scrape."""
-
-    def __init__(self, metrics: DaemonMetrics) -> None:
-        self.metrics = metrics
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.metrics.collect_now())
-
-
 class DaemonMetrics:
     def __init__(self, node: str) -> None:
         self.registry = CollectorRegistry()
         self.node = node
         self.version = medic_version()
-        # The last check round: its results and its wall-clock time (set by observe_round).
-        self._round: tuple[tuple[Result, ...], float] | None = None
+        self.now = NodeCollector(self.version)  # the node's state, built at each scrape
         instruments = CollectorRegistry()
         self.runs = Counter(
             "medic_check_runs_total",
@@ -156,7 +131,7 @@ class DaemonMetrics:
             registry=instruments,
         )
         self.registry.register(_WithoutCreated(instruments))
-        self.registry.register(_Now(self))
+        self.registry.register(self.now)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
 
@@ -174,40 +149,8 @@ class DaemonMetrics:
 
     def observe_round(self, source: RoundSource) -> None:
         """A check round is recorded: keep its results (the daemon calls this holding the
-        lock its results are written under) for the scrapes to come."""
-        self._round = (tuple(source.current()), time.time())
-
-    def collect_now(self) -> list[Metric]:
-        build = InfoMetricFamily("medic_build", "The running Medic's version.")
-        build.add_metric([], {"version": self.version})
-        families: list[Metric] = [build]
-        last = self._round  # one read: the round cannot change under this scrape
-        if last is None:
-            return families
-        results, at = last
-        families.append(
-            GaugeMetricFamily(
-                "medic_healthd_last_round_timestamp_seconds",
-                "When the daemon last recorded a check round (Unix time).",
-                value=at,
-            )
-        )
-        families.append(
-            GaugeMetricFamily(
-                "medic_node_status_code",
-                "Worst status over every check's last run (same codes).",
-                value=STATUS_CODES[worst([r.status for r in results])],
-            )
-        )
-        faults = GaugeMetricFamily(
-            "medic_node_faults",
-            "Current non-OK findings by status and fault class.",
-            labels=["status", "fault_class"],
-        )
-        for (status, fault_class), n in sorted(_faults(results).items()):
-            faults.add_metric([status, fault_class], n)
-        families.append(faults)
-        return families
+        lock its results are written under) and the daemon, for the scrapes to come."""
+        self.now.observe_round(source)
 
     def exposition(self) -> str:
         return generate_latest(self.registry).decode()
@@ -221,14 +164,6 @@ class DaemonMetrics:
         server.set_app(make_wsgi_app(self.registry))
         threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
         return server
-
-
-def _faults(results: Iterable[Result]) -> Tally[tuple[str, str]]:
-    return Tally(
-        (r.status.value, r.fault_class or "")
-        for r in results
-        if r.status in (Status.WARN, Status.CRITICAL, Status.UNKNOWN)
-    )
 
 
 class BoundedServerMixIn(socketserver.ThreadingMixIn):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -320,12 +320,15 @@ class XidBuffer:
 
     The same XID reported by NVML and by the kernel log within `merge_seconds` on the same
     GPU is one record with both sources. Only `maxlen` records are kept. The remediation
-    ladder calls `clear(gpu)` after a successful GPU reset so old XIDs stop counting."""
+    ladder calls `clear(gpu)` after a successful GPU reset so old XIDs stop counting.
+    `counts()` counts every record ever added (merges once), by GPU and XID, for the
+    metrics: it only grows."""
 
     def __init__(self, maxlen: int = 4096, merge_seconds: float = 10.0) -> None:
         self._records: deque[XidRecord] = deque(maxlen=maxlen)
         self._lock = threading.Lock()
         self._seq = 0
+        self._counts: Counter[tuple[int | None, int]] = Counter()
         self.merge_seconds = merge_seconds
 
     def add(
@@ -361,11 +364,17 @@ class XidBuffer:
                 self._seq, xid, gpu, monotonic, (source,), pci, message, pid, process
             )
             self._records.append(record)
+            self._counts[(gpu, xid)] += 1
             return record
 
     def records(self) -> tuple[XidRecord, ...]:
         with self._lock:
             return tuple(self._records)
+
+    def counts(self) -> dict[tuple[int | None, int], int]:
+        """(GPU, XID) -> records added since the buffer was made; `clear` leaves them."""
+        with self._lock:
+            return dict(self._counts)
 
     @property
     def last_seq(self) -> int:
