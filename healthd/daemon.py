@@ -47,7 +47,13 @@ from healthd.watchdog import Heartbeat, Watchdog
 from healthd.xid_listener import EventKind, GpuEvent
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.settings import DaemonSettings
-from medic_core.store import ConditionUpdate, Severity, Store, open_configured_store
+from medic_core.store import (
+    ConditionUpdate,
+    Severity,
+    Store,
+    StoreError,
+    open_configured_store,
+)
 
 log = logging.getLogger("medic.healthd")
 
@@ -517,6 +523,10 @@ def main(argv: list[str] | None = None) -> int:
         line = f"medic-healthd: {exc}"
         print(logs.with_priority(line, logging.ERROR) if journal else line, file=sys.stderr)
         return EXIT_CONFIG
+    except StoreError as exc:  # down, corrupt or read-only: systemd tries again (Restart=)
+        line = f"medic-healthd: {exc}"
+        print(logs.with_priority(line, logging.ERROR) if journal else line, file=sys.stderr)
+        return 1
     server = daemon.serve(config.paths.socket)
     if daemon.settings.metrics_port:
         daemon.metrics.serve(daemon.settings.metrics_address, daemon.settings.metrics_port)

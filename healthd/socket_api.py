@@ -166,11 +166,19 @@ class SocketApi:
                     return
                 try:
                     request = json.loads(line)
-                    op = str(request.get("op")) if isinstance(request, dict) else "invalid"
+                    if not isinstance(request, dict):
+                        raise ValueError("a request is one JSON object on one line")
+                    op = str(request.get("op"))[:40]
                     reply = api.handle(request)
-                except Exception as exc:  # one bad request must not stop the daemon
-                    log.exception("socket request failed")
-                    reply = {"error": f"{type(exc).__name__}: {exc}"}
+                except (ValueError, TypeError, KeyError, RecursionError) as exc:
+                    # A bad request (JSON, a field of the wrong type or value): one line in
+                    # the log and the reply, no traceback, nothing of the daemon's insides.
+                    why = " ".join(str(exc).split())[:200] or type(exc).__name__
+                    log.warning("socket: bad %s request: %s", op, why)
+                    reply = {"error": f"bad request: {why}"}
+                except Exception:  # a bug of ours: logged whole; the daemon goes on
+                    log.exception("socket: %s request failed", op)
+                    reply = {"error": f"{op}: internal error in medic-healthd (see its log)"}
                 self.wfile.write(json.dumps(reply).encode() + b"\n")
                 metrics.socket_requests.labels(op).inc()
                 metrics.socket_seconds.labels(op).observe(time.monotonic() - begin)

@@ -297,3 +297,20 @@ def test_the_daemon_refuses_a_config_it_cannot_read_in_one_line(tmp_path: Path) 
             f"medic-healthd: {config}: -: {done.stderr.split(': -: ', 1)[1].strip()}"
         ]
         assert problem in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_daemon_on_a_store_it_cannot_open_is_one_line_and_retried(tmp_path: Path) -> None:
+    """A corrupt (or unreachable) store at start was a traceback; now one line and exit 1,
+    which systemd's Restart= retries (a store may come back; a config will not: 78)."""
+    corrupt = tmp_path / "medic.db"
+    corrupt.write_bytes(b"not a database" * 100)
+    conf = tmp_path / "medic.toml"
+    conf.write_text(f'[store]\nurl = "sqlite:///{corrupt}"\n')
+    done = proc.run(
+        [str(VENV_BIN / "medic-healthd"), "--config", str(conf)],
+        env={"PATH": "/usr/bin:/bin", "MEDIC_NODE_NAME": "n1"},
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("medic-healthd: store ") and "file is not a database" in line

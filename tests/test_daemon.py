@@ -3,6 +3,7 @@ library, the lab's shared SQLite store, the Unix socket, signals and sd_notify."
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -10,6 +11,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -347,5 +349,26 @@ def test_socket_status_and_check_ops(tmp_path: Path) -> None:
         assert status["status"] == "CRITICAL"
         with pytest.raises(HealthdUnavailable, match="unknown op"):
             ask(sock, {"op": "nonsense"}, timeout=5)
+        hostile: list[dict[str, Any]] = [
+            {"op": "check", "tier": "bogus"},
+            {"op": "check", "checks": ["filesystems"], "budget": "soon"},
+            {"op": "launch", "budget": [1]},
+            {"op": "event", "severity": "LOUD", "message": 5},
+            {"op": "job_summary", "budget": None},
+            {"op": ["status"]},
+        ]
+        for request in hostile:
+            with pytest.raises(HealthdUnavailable) as refused:
+                ask(sock, request, timeout=5)
+            assert "Error" not in str(refused.value) and "Traceback" not in str(refused.value)
+        for raw in (b"[1, 2]\n", b"{not json\n", b"\xff\xfe\n", b"[" * 100000 + b"\n"):
+            with socket.socket(socket.AF_UNIX) as conn:
+                conn.settimeout(5)
+                conn.connect(str(sock))
+                conn.sendall(raw)
+                answer = json.loads(conn.makefile("rb").readline())
+            assert answer["error"].startswith("bad request: "), answer
+        assert ask(sock, {"op": "status"}, timeout=5)["status"] == "CRITICAL"  # still serving
+        assert "Traceback" not in (tmp_path / "healthd.log").read_text()
     finally:
         stop_daemon(pid, tmp_path / "healthd.log")
