@@ -87,7 +87,7 @@ class DaemonMetrics:
         self.registry = CollectorRegistry()
         self.node = node
         self.version = medic_version()
-        self.now = NodeCollector(self.version)  # the node's state, built at each scrape
+        self.now = NodeCollector(node, self.version)  # the node's state, built at each scrape
         instruments = CollectorRegistry()
         self.runs = Counter(
             "medic_check_runs_total",

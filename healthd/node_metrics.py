@@ -189,7 +189,8 @@ def _fill(future: Future[StoreFacts], fetch: Callable[[], StoreFacts]) -> None:
 
 
 class NodeCollector(Collector):
-    def __init__(self, version: str, store_timeout: float = STORE_READ_TIMEOUT) -> None:
+    def __init__(self, node: str, version: str, store_timeout: float = STORE_READ_TIMEOUT) -> None:
+        self.node = node
         self.version = version
         self.store_reads = StoreReads(store_timeout)
         self.read_store: Callable[[Store, str], StoreFacts] = read_store_facts
@@ -200,8 +201,10 @@ class NodeCollector(Collector):
         self._round = (source, tuple(source.current()), time.time())
 
     def collect(self) -> Iterable[Metric]:
-        build = InfoMetricFamily("medic_build", "The running Medic's version.")
-        build.add_metric([], {"version": self.version})
+        build = InfoMetricFamily(
+            "medic_build", "The running Medic's version, and the Slurm node it runs as."
+        )
+        build.add_metric([], {"version": self.version, "node": self.node})
         yield build
         last = self._round  # one read: a round recorded meanwhile is the next scrape's
         if last is None:

@@ -29,7 +29,7 @@ from healthd.api import ask
 from healthd.checks.base import CheckContext, Result, Status, fault, ok
 from healthd.daemon import HealthDaemon
 from healthd.ladder_thread import attach_ladder
-from healthd.metrics import DaemonMetrics
+from healthd.metrics import DaemonMetrics, medic_version
 from healthd.slurm_seen import SlurmSeen
 from healthd.xid import XidBuffer
 from medic_core import proc
@@ -98,7 +98,7 @@ def test_no_created_series_no_count_gauges_and_process_and_build_info(
     assert not [n for n in gauges if n.endswith("_count")]
     assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "python_info"} <= found
     [(_, labels, value)] = [s for s in samples(text) if s[0] == "medic_build_info"]
-    assert labels["version"] and value == 1.0
+    assert labels == {"version": medic_version(), "node": daemon.node} and value == 1.0
     assert not {"medic_node_faults_count", "medic_gpu_devices_count"} & found
     assert "medic_healthd_last_round_timestamp_seconds" in found
     # The duration histogram: three buckets and +Inf per check that ran.
