@@ -634,9 +634,9 @@ def test_slurmctld_down_the_node_is_drained_once_it_is_back(
     strict=True,
     raises=AssertionError,
     reason="bug: the daemon answers a fault once (LadderThread.respond); when slurmctld is"
-    " down at that moment the requeue fails and is never tried again, so the resilient job"
-    " runs on in the faulty node (the HealthCheckProgram drains the node later, it requeues"
-    " nothing)",
+    " down at that moment the job list cannot be read and the requeue is never tried again:"
+    " the node is drained once slurmctld is back (the episode the unreadable drain cap left"
+    " in waiting_cap), but the resilient job runs on on the faulty node",
 )
 def test_slurmctld_down_the_resilient_job_is_requeued_once_it_is_back(
     lab: Lab, ctld_outage: tuple[int, str]
