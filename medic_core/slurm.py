@@ -311,7 +311,9 @@ def _records(
 ) -> list[Any]:
     """Every record of doc[key] that parses; one that does not (a user's text in a shape
     Medic cannot read) is skipped and logged in one line, never stopping the others."""
-    raw_list = doc.get(key) or ()
+    raw_list = doc.get(key)
+    if raw_list is None:  # absent: nothing of that kind (an empty queue is [])
+        raw_list = []
     if not isinstance(raw_list, list):
         raise SlurmError(f"{what}: '{key}' is a {type(raw_list).__name__}, expected a list")
     out: list[Any] = []

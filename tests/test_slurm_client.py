@@ -74,6 +74,16 @@ def test_sinfo_2205_reboot_requested_is_a_flag() -> None:
     assert n1.reason == "medic: gpu.xid.79 gpu2 ladder: reboot"
 
 
+def test_an_empty_queue_is_no_jobs_not_an_error() -> None:
+    """squeue --json on an idle cluster says "jobs": [] (an empty list was read as missing
+    and refused, so a fault on an idle cluster's node could not look for its jobs)."""
+    doc = json.loads(fixture("22.05/squeue.json"))
+    doc["jobs"] = []
+    assert parse_jobs(json.dumps(doc)) == []
+    del doc["jobs"]
+    assert parse_jobs(json.dumps(doc)) == []
+
+
 def test_squeue_2205_jobs() -> None:
     jobs = {j.job_id: j for j in parse_jobs(fixture("22.05/squeue.json"))}
     assert jobs["1"] == JobInfo(
