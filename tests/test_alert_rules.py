@@ -8,7 +8,13 @@ import re
 from pathlib import Path
 
 from healthd.daemon import HealthDaemon
-from tests.test_metrics import daemon, full_exposition, needs_promtool, promtool  # noqa: F401
+from tests.test_metrics import (  # noqa: F401  (daemon: a fixture)
+    daemon,
+    exportable,
+    full_exposition,
+    needs_promtool,
+    promtool,
+)
 
 RULES_DIR = Path(__file__).parents[1] / "docs" / "prometheus"
 RULES = RULES_DIR / "medic-alerts.yml"
@@ -53,12 +59,7 @@ def test_the_rules_cover_what_an_operator_alerts_on() -> None:
 
 
 def test_every_metric_the_rules_query_is_exported_by_a_real_daemon(daemon: HealthDaemon) -> None:  # noqa: F811
-    exported = {
-        name
-        for line in full_exposition(daemon).splitlines()
-        if line and not line.startswith("#")
-        for name in [re.split(r"[{ ]", line, maxsplit=1)[0]]
-    }
+    exported = exportable(full_exposition(daemon))
     queried = {
         name
         for expr in expressions(RULES).values()

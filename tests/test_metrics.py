@@ -66,6 +66,21 @@ def names(text: str) -> set[str]:
     return {name for name, _, _ in samples(text)}
 
 
+def exportable(text: str) -> set[str]:
+    """Every series name the exposition `text` can hold: its samples', and each family's
+    (a histogram's _bucket, _sum, _count) even when it has no sample yet."""
+    found = names(text)
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            found.add(name)
+            if kind in ("histogram", "summary"):
+                found |= {f"{name}_sum", f"{name}_count"}
+            if kind == "histogram":
+                found.add(f"{name}_bucket")
+    return found
+
+
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[HealthDaemon]:
     config = load_config(plain_config(tmp_path))
