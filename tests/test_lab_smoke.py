@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from cli.lab.cluster import Lab, pid_alive
+import pytest
+
+from cli.lab.cluster import Lab, LabError, pid_alive
 from cli.lab.slurm_conf import LabSpec
 from medic_core import proc
 from tests.conftest import poll
@@ -124,11 +127,15 @@ def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
     assert not small.layout.munge_socket.exists()
 
 
-def test_the_readme_demo_tells_the_whole_story(tmp_path: Path) -> None:
-    """README's first command, minus the install: a lab of its own, fault to repair."""
-    done = proc.run(
-        [sys.executable, "-m", "cli.lab.demo", "--dir", str(tmp_path / "demo")], timeout=300
-    )
+def test_the_readme_demo_tells_the_whole_story() -> None:
+    """README's first command, minus the install: a lab of its own, fault to repair. In a
+    short directory, as README's is (a test worker's tmp_path is too long for slurmstepd's
+    Unix sockets: the lab refuses it)."""
+    with tempfile.TemporaryDirectory(prefix="demo-", dir="/tmp") as short:
+        done = proc.run(
+            [sys.executable, "-m", "cli.lab.demo", "--dir", str(Path(short) / "demo")],
+            timeout=300,
+        )
     assert done.returncode == 0, done.describe_failure()
     out = done.stdout
     assert "medic: gpu.xid.79" in out  # drained with Medic's reason
@@ -136,3 +143,8 @@ def test_the_readme_demo_tells_the_whole_story(tmp_path: Path) -> None:
     assert "equals an uninterrupted run's: True" in out
     assert "repaired and re-qualified: resumed" in out  # the ladder, by itself
     assert out.rstrip().endswith("is down")
+
+
+def test_a_lab_dir_too_long_for_slurmstepds_sockets_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(LabError, match=r"too long for slurmstepd's sockets.*use a shorter --dir"):
+        Lab(tmp_path / ("x" * 70)).up()

@@ -133,6 +133,8 @@ def wait_for(
         time.sleep(interval)
 
 
+SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, NUL excluded)
+
 # Below Linux's default ephemeral range (32768-60999): a slurmd restarted by a simulated
 # reboot must find its port free, not taken by some process's outgoing connection.
 LAB_PORTS = range(20000, 32000)
@@ -250,6 +252,14 @@ class Lab:
                 f"a lab is already running at {self.root}: `medic lab down --dir {self.root}` first"
             )
         started = time.monotonic()
+        # slurmstepd listens on <spool>/<node>_<job>.<step>: a Unix socket path, at most 107
+        # bytes; past it every job fails to start ("Unix socket name exceeded maximum length").
+        longest = max(len(str(self.layout.node(n).spool)) for n in spec.node_names())
+        if longest + len("/n99_4294967294.4294967294") > SUN_PATH_MAX:
+            raise LabError(
+                f"{self.root} is too long for slurmstepd's sockets ({longest} bytes to a node's"
+                f" spool, at most {SUN_PATH_MAX - 26}): use a shorter --dir, e.g. under /tmp"
+            )
         ensure_packages()
         host = socket.gethostname().split(".")[0]
         # Several labs may start at once on one host (test workers, the demo): one at a time
