@@ -114,8 +114,13 @@ def test_node_reboot_through_reboot_program_returns_to_service(lab: Lab) -> None
     assert old_pid is not None and not pid_alive(old_pid)
 
 
-def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
-    small = Lab(tmp_path / "small")
+def test_down_leaves_no_process_behind() -> None:
+    with tempfile.TemporaryDirectory(prefix="small-", dir="/tmp") as short:
+        down_leaves_no_process_behind(Path(short) / "small")
+
+
+def down_leaves_no_process_behind(root: Path) -> None:
+    small = Lab(root)
     small.up(LabSpec(nodes=2, gpus_per_node=2))
     pids = small.daemon_pids()
     assert len(pids) == 4 and all(pid_alive(p) for p in pids)
