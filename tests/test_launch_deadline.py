@@ -159,7 +159,9 @@ def test_without_the_front_a_hung_daemon_is_unknown_at_the_deadline(
     assert took < 1.0 + MARGIN + 0.3, f"{took:.2f}s"  # + interpreter start, before the clock
     request, *recording = hung.requests
     assert request["op"] == "launch" and request["job_id"] == "42"
-    assert [r["op"] for r in recording] == ["event"]  # the gate record, left at the deadline
+    # The gate record is best effort past the deadline: the prolog exits on time, and on a
+    # loaded machine it may do so before its recording thread reached the (hung) daemon.
+    assert [r["op"] for r in recording] in ([], ["event"])
     assert 0.3 < float(request["budget"]) <= 1.0 - 0.2  # what was left, less the reserve
 
 
