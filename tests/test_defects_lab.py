@@ -30,12 +30,12 @@ from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import with_check_options
 from cli.nodes import node
 from medic_core import proc
-from medic_core.drain_reason import is_medic_reason
 from medic_core.store import Store, open_store
 from remediation import episodes as ep
 from remediation import tickets
 from remediation.decide import Ledger
 from tests.conftest import poll
+from tests.lab_views import drained_by_medic, job, node_info
 
 Command = Any
 
@@ -78,15 +78,6 @@ LADDER_OFF = "enabled = false"
 DRY_RUN = "dry_run = true"
 
 
-def node_info(lab: Lab, name: str) -> dict[str, Any]:
-    return next(n for n in lab.sinfo_nodes() if n["name"] == name)
-
-
-def drained_by_medic(lab: Lab, name: str) -> bool:
-    info = node_info(lab, name)
-    return "DRAIN" in info.get("state_flags", []) and is_medic_reason(info.get("reason", ""))
-
-
 def in_service(lab: Lab, name: str) -> bool:
     info = node_info(lab, name)
     flags = set(info.get("state_flags", []))
@@ -96,13 +87,6 @@ def in_service(lab: Lab, name: str) -> bool:
 def submit(lab: Lab, *args: str) -> str:
     out = lab.slurm(["sbatch", "--parsable", *args]).stdout.strip()
     return out.split(";")[0]
-
-
-def job(lab: Lab, job_id: str) -> dict[str, Any]:
-    # squeue --json ignores --jobs in 22.05: filter here.
-    every = json.loads(lab.slurm(["squeue", "--json"]).stdout)["jobs"]
-    found: dict[str, Any] = next(j for j in every if str(j["job_id"]) == job_id)
-    return found
 
 
 def admin_comment(lab: Lab, job_id: str) -> str:

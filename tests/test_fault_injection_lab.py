@@ -42,11 +42,11 @@ from cli.lab.cluster import Lab, pid_alive
 from cli.lab.slurm_conf import with_check_options
 from healthd.api import HealthdUnavailable, ask
 from medic_core import proc
-from medic_core.drain_reason import is_medic_reason
 from medic_core.store import Store, open_store
 from remediation import episodes as ep
 from remediation.webhook import outbox
 from tests.conftest import poll
+from tests.lab_views import drained_by_medic, job, node_info
 from tests.pg import PostgresServer, pg_server  # noqa: F401  (a pytest fixture)
 
 LADDER_OFF = "enabled = false"
@@ -82,21 +82,6 @@ def node_config(
     path = tmp_path / "medic.toml"
     path.write_text(text + extra)
     return path
-
-
-def node_info(lab: Lab, name: str) -> dict[str, Any]:
-    return next(n for n in lab.sinfo_nodes() if n["name"] == name)
-
-
-def drained_by_medic(lab: Lab, name: str) -> bool:
-    info = node_info(lab, name)
-    return "DRAIN" in info.get("state_flags", []) and is_medic_reason(info.get("reason", ""))
-
-
-def job(lab: Lab, job_id: str) -> dict[str, Any]:
-    every = json.loads(lab.slurm(["squeue", "--json"]).stdout)["jobs"]
-    found: dict[str, Any] = next(j for j in every if str(j["job_id"]) == job_id)
-    return found
 
 
 def requeued_off(lab: Lab, job_id: str, name: str) -> bool:

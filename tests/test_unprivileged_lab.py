@@ -56,10 +56,10 @@ from cli.lab.cluster import SYSTEM_PATH, Lab, pid_alive
 from cli.lab.slurm_conf import with_check_options
 from healthd.api import ask
 from medic_core import proc
-from medic_core.drain_reason import is_medic_reason
 from medic_core.store import Store, open_store
 from remediation import tickets
 from tests.conftest import poll
+from tests.lab_views import drained_by_medic, job, node_info
 
 USER = "medic-mallory"
 VENV_BIN = Path(sys.executable).parent
@@ -168,21 +168,6 @@ def node_config(lab: Lab, tmp_path: Path, *, checks: dict[str, str] | None = Non
 def store(lab: Lab) -> Iterator[Store]:
     with open_store(f"sqlite:///{lab.layout.store_db}") as s:
         yield s
-
-
-def node_info(lab: Lab, name: str) -> dict[str, Any]:
-    return next(n for n in lab.sinfo_nodes() if n["name"] == name)
-
-
-def drained_by_medic(lab: Lab, name: str) -> bool:
-    info = node_info(lab, name)
-    return "DRAIN" in info.get("state_flags", []) and is_medic_reason(info.get("reason", ""))
-
-
-def job(lab: Lab, job_id: str) -> dict[str, Any]:
-    every = json.loads(lab.slurm(["squeue", "--json"]).stdout)["jobs"]
-    found: dict[str, Any] = next(j for j in every if str(j["job_id"]) == job_id)
-    return found
 
 
 def only_on(lab: Lab, name: str) -> str:

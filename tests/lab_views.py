@@ -1,0 +1,25 @@
+"""What the lab's Slurm shows of a node or a job, read the way an operator reads it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cli.lab.cluster import Lab
+from medic_core.drain_reason import is_medic_reason
+
+
+def node_info(lab: Lab, name: str) -> dict[str, Any]:
+    return next(n for n in lab.sinfo_nodes() if n["name"] == name)
+
+
+def drained_by_medic(lab: Lab, name: str) -> bool:
+    info = node_info(lab, name)
+    return "DRAIN" in info.get("state_flags", []) and is_medic_reason(info.get("reason", ""))
+
+
+def job(lab: Lab, job_id: str) -> dict[str, Any]:
+    # squeue --json ignores --jobs in 22.05: filter here.
+    every = json.loads(lab.slurm(["squeue", "--json"]).stdout)["jobs"]
+    found: dict[str, Any] = next(j for j in every if str(j["job_id"]) == job_id)
+    return found
