@@ -43,6 +43,7 @@ from healthd.metrics import DaemonMetrics
 from healthd.results import SEVERITY_OF, merge_by_target
 from healthd.runner import Runner, RunnerBusy, RunReport
 from healthd.socket_api import SocketApi
+from healthd.wakeup import Wakeup
 from healthd.watchdog import Heartbeat, Watchdog
 from healthd.xid_listener import EventKind, GpuEvent
 from medic_core.config import ConfigError, MedicConfig, load_config
@@ -91,7 +92,7 @@ class HealthDaemon:
         self.gpu = gpu
         self.node = config.node_name
         self.metrics = DaemonMetrics(self.node)
-        self._wake = threading.Event()
+        self._wake = Wakeup()  # set by other threads and, in main(), by any signal
         self._stop = threading.Event()
         self.heartbeat = Heartbeat()  # the scheduler went round: the watchdog reads it
         # check name -> (monotonic time of its last run, its condition results)
@@ -448,6 +449,10 @@ class HealthDaemon:
         if self.ladder is not None:
             self.ladder.stop()
 
+    def wake_on_signals(self) -> None:
+        """Any signal wakes the main loop at once, whichever thread the kernel gave it to."""
+        self._wake.ring_on_signals()
+
     def loop(self) -> None:
         # Idle, the scheduler still goes round every half WatchdogSec: the watchdog sees it
         # beat, and an idle scheduler never looks stalled.
@@ -535,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     signal.signal(signal.SIGINT, lambda *_: daemon.stop())
     signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=daemon.reload).start())
+    daemon.wake_on_signals()
     log.info(
         "medic-healthd for %s: %d checks, %s GPU plumbing, socket %s",
         daemon.node,

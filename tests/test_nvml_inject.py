@@ -96,13 +96,9 @@ def update(path: Path, gpu: int | None, *specs: str) -> float:
 # ---- the build ------------------------------------------------------------------------------
 
 
-def test_build_is_fast_and_skipped_when_up_to_date(tmp_path: Path) -> None:
-    start = time.monotonic()
+def test_build_is_skipped_when_up_to_date(tmp_path: Path) -> None:
     lib = build.build_library(tmp_path)
-    seconds = time.monotonic() - start
-    print(f"build: {seconds:.2f}s")
     assert lib == tmp_path / "libnvidia-ml.so.1"
-    assert seconds < 2.0
     built = lib.stat().st_mtime_ns
     assert build.build_library(tmp_path) == lib
     assert lib.stat().st_mtime_ns == built

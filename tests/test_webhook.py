@@ -639,13 +639,13 @@ def test_a_long_retry_after_waited_by_the_delivery_thread_never_holds_the_ladder
     worker = Dispatcher(lite, settings)
     try:
         added, elapsed = timed(worker.offer)
-        assert added == 1 and elapsed < 0.5
+        assert added == 1 and elapsed < 2.0  # the receiver waits 250 s
         poll("the first attempt", lambda: len(receiver.received) == 1, timeout=2)
         assert worker.busy()  # waiting the 250 s out, in its own thread
-        assert timed(worker.offer)[1] < 0.5  # the ladder's next round: nothing new, no wait
+        assert timed(worker.offer)[1] < 2.0  # the ladder's next round: nothing new, no wait
     finally:
         _, closing = timed(lambda: worker.close(timeout=2))
-    assert closing < 1.0 and not worker.alive()
+    assert closing < 2.5 and not worker.alive()
     [row] = outbox(lite)
     assert (row.state, row.attempts, row.last_status) == ("pending", 1, 503)
 
@@ -662,7 +662,7 @@ def test_a_dripping_receiver_is_cut_at_the_attempt_s_total_deadline(raw: Any) ->
     sender = Sender(settings_for(server.url, timeout=0.8))
     attempt, elapsed = timed(lambda: sender.post_once(b"{}", "d-1", "ticket.opened"))
     assert (attempt.status, attempt.error) == (None, "no answer within 0.8s")
-    assert 0.75 <= elapsed < 1.5
+    assert 0.75 <= elapsed < 3.0  # undeadlined, the drip would take ~20 s
 
 
 def test_a_dripping_error_body_is_cut_too(raw: Any) -> None:
@@ -674,7 +674,7 @@ def test_a_dripping_error_body_is_cut_too(raw: Any) -> None:
     sender = Sender(settings_for(server.url, timeout=0.8))
     attempt, elapsed = timed(lambda: sender.post_once(b"{}", "d-1", "ticket.opened"))
     assert attempt.status == 500 and attempt.error.startswith("HTTP 500 Oops:")
-    assert elapsed < 1.5
+    assert elapsed < 3.0  # undeadlined: 50 s
 
 
 def test_https_handshake_that_never_completes_is_cut_at_the_deadline(raw: Any) -> None:
@@ -686,7 +686,7 @@ def test_https_handshake_that_never_completes_is_cut_at_the_deadline(raw: Any) -
     sender = Sender(settings_for(url, timeout=0.5))
     attempt, elapsed = timed(lambda: sender.post_once(b"{}", "d-1", "ticket.opened"))
     assert (attempt.status, attempt.error) == (None, "no answer within 0.5s")
-    assert elapsed < 1.5
+    assert elapsed < 3.0  # undeadlined: forever
 
 
 # -- the delivery thread ------------------------------------------------------------------------
@@ -701,9 +701,9 @@ def test_deliver_pending_hands_the_outbox_to_the_delivery_thread_and_returns_at_
     settings = settings_for(receiver.url)
     try:
         done, elapsed = timed(lambda: deliver_pending(lite, settings))
-        assert done == [] and elapsed < 0.5
+        assert done == [] and elapsed < 2.0  # the receiver holds until told
         poll("the POST", lambda: len(receiver.received) == 1, timeout=2)
-        assert timed(lambda: deliver_pending(lite, settings))[1] < 0.5  # no second send
+        assert timed(lambda: deliver_pending(lite, settings))[1] < 2.0  # no second send
         receiver.hold.set()
         finished: list[Any] = []
 
@@ -733,7 +733,7 @@ def test_a_full_queue_drops_the_oldest_with_a_logged_count_and_loses_nothing(
         rest = [open_one(lite, node=f"n{n:02d}") for n in range(1, 6)]
         with caplog.at_level(logging.WARNING, logger="medic.remediation.webhook"):
             added, elapsed = timed(worker.offer)
-        assert (added, elapsed < 0.5) == (5, True)
+        assert (added, elapsed < 2.0) == (5, True)
         assert (worker.queued(), worker.dropped) == (3, 2)
         [line] = [r.getMessage() for r in caplog.records if "queue full" in r.getMessage()]
         assert line.startswith("webhook queue full (3): dropped the 2 oldest deliveries")
