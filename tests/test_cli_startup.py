@@ -1,0 +1,135 @@
+"""`medic`'s start-up path: `medic --help`, `--version` and the completion of a command name
+import click and cli.main only (the commands load lazily), and laziness loses no command and
+no help text. Timing lives in bench/ and docs/benchmarks.md; this checks what is imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from cli.main import COMMANDS, medic
+from medic_core import proc
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Everything outside the standard library that `medic --help` may import.
+ALLOWED = {"click", "cli", "cli.main"}
+
+PROBE = """
+import json, sys
+from cli.main import main
+sys.argv[0] = "medic"
+try:
+    main()
+except SystemExit:
+    pass
+stdlib = sys.stdlib_module_names
+loaded = sorted(m for m in sys.modules if m.split(".")[0] not in stdlib and m != "__main__")
+print(json.dumps(loaded), file=sys.stderr)
+"""
+
+
+def modules_loaded(args: list[str], env: dict[str, str] | None = None) -> tuple[str, list[str]]:
+    """(stdout, the non-stdlib modules imported) of `medic ARGS` run as a process."""
+    done = proc.run(
+        [sys.executable, "-c", PROBE, *args],
+        timeout=60,
+        cwd=REPO,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(env or {})},
+    )
+    assert done.returncode == 0, done.stderr
+    loaded: list[str] = json.loads(done.stderr.strip().splitlines()[-1])
+    return done.stdout, loaded
+
+
+def unexpected(loaded: list[str]) -> list[str]:
+    # click's own submodules, and the hook setuptools installs in every interpreter (site)
+    return [
+        m
+        for m in loaded
+        if m not in ALLOWED and m.split(".")[0] not in {"click", "_distutils_hack"}
+    ]
+
+
+def test_help_imports_no_command_module() -> None:
+    out, loaded = modules_loaded(["--help"])
+    assert unexpected(loaded) == []
+    for name in COMMANDS:
+        assert f"\n  {name} " in out
+
+
+def test_version_imports_no_command_module() -> None:
+    out, loaded = modules_loaded(["--version"])
+    assert "version" in out
+    assert unexpected(loaded) == []
+
+
+@pytest.mark.parametrize("words", ["medic ", "medic no", "medic --"])
+def test_completing_a_command_name_imports_no_command_module(words: str) -> None:
+    env = {
+        "_MEDIC_COMPLETE": "bash_complete",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split(" ")) - 1),
+    }
+    out, loaded = modules_loaded([], env)
+    assert unexpected(loaded) == []
+    if words == "medic no":
+        assert out.split() == ["plain,node", "plain,nodes"]
+    if words == "medic ":
+        assert {line.split(",")[1] for line in out.split()} == set(COMMANDS)
+
+
+def test_every_command_loads_under_its_name() -> None:
+    for name, entry in COMMANDS.items():
+        command = entry.load()
+        assert command.name == name
+        assert not command.hidden
+
+
+@pytest.mark.parametrize("limit", [20, 45, 58, 80, 200])
+def test_the_listing_shows_each_commands_own_help(limit: int) -> None:
+    for name, entry in COMMANDS.items():
+        real = entry.load().get_short_help_str(limit)
+        assert entry.stand_in(name).get_short_help_str(limit) == real, name
+
+
+def test_help_is_the_same_as_an_eager_group() -> None:
+    eager = click.Group(
+        "medic",
+        help=medic.help,
+        params=list(medic.params),
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    for entry in COMMANDS.values():
+        eager.add_command(entry.load())
+    fresh = type(medic)(
+        "medic",
+        lazy=COMMANDS,
+        help=medic.help,
+        params=list(medic.params),
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    runner = CliRunner()
+    lazy_help = runner.invoke(fresh, ["--help"], prog_name="medic", terminal_width=100)
+    eager_help = runner.invoke(eager, ["--help"], prog_name="medic", terminal_width=100)
+    assert lazy_help.exit_code == 0, lazy_help.output
+    assert lazy_help.output == eager_help.output
+
+
+def test_a_lazy_command_runs_and_shows_its_own_help() -> None:
+    result = CliRunner().invoke(medic, ["nodes", "--help"], prog_name="medic")
+    assert result.exit_code == 0, result.output
+    assert "Usage: medic nodes" in result.output
+    assert "--no-slurm" in result.output
+
+
+def test_an_unknown_command_is_refused() -> None:
+    result = CliRunner().invoke(medic, ["nosuch"], prog_name="medic")
+    assert result.exit_code == 2
+    assert "No such command 'nosuch'" in result.output
