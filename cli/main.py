@@ -88,6 +88,11 @@ COMMANDS: dict[str, LazyCommand] = {
         "Run sbatch; a leading --resilient[=N] makes the job requeueable and tags it"
         " medic:resilient=N (N automatic restarts, default 3).",
     ),
+    "report": LazyCommand(
+        "cli.report",
+        "report",
+        "Where resilient jobs' time went (MTTR by component, ETTR) and the fleet's reliability.",
+    ),
     "sweep": LazyCommand(
         "cli.sweep",
         "sweep",

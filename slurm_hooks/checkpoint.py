@@ -40,6 +40,10 @@ STEP_PREFIX = "step-"
 TMP_PREFIX = ".tmp-step-"
 TRASH_PREFIX = f"{TMP_PREFIX}deleted."
 STALE_AFTER = 3600.0  # seconds before an unfinished temporary directory counts as abandoned
+# A restarted run's first look for its checkpoint: when it resumed and from which step, for
+# `medic report` (`.resume-<job>.<restart count>.json`, written once, never in the way).
+RESUME_PREFIX = ".resume-"
+_RESUME_FILE = re.compile(r"\.resume-(.+)\.(\d+)\.json")
 _STEP_DIR = re.compile(r"step-(\d{9,})")
 _TMP_DIR = re.compile(r"\.tmp-step-(\d{9,})\.(.+)\.(\d+)\.[0-9a-f]+")
 _HASH_CHUNK = 1 << 20
@@ -78,6 +82,16 @@ class Checkpoint:
             "files": len(self.files),
             "bytes": self.size,
         }
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A restarted run looked up its checkpoint: at `time`, found `step` (None: none)."""
+
+    job_id: str
+    restart_count: int
+    time: float
+    step: int | None
 
 
 def step_name(step: int) -> str:
@@ -400,12 +414,56 @@ class CheckpointDir:
         return found
 
     def latest(self, *, verify_hashes: bool = False) -> Checkpoint | None:
-        """The newest complete checkpoint, or None (a first run, or nothing usable yet)."""
+        """The newest complete checkpoint, or None (a first run, or nothing usable yet).
+        The first call of a restarted run marks when it resumed (see `resumes`)."""
+        found = None
         for path in reversed(self._step_dirs()):
             checkpoint = self.load(path, verify_hashes=verify_hashes)
             if checkpoint is not None:
-                return checkpoint
-        return None
+                found = checkpoint
+                break
+        self._mark_resume(found)
+        return found
+
+    def _mark_resume(self, found: Checkpoint | None) -> None:
+        """Once per run after a restart: when the job resumed and from which step. Best
+        effort: a directory the job cannot write, or a second look, changes nothing."""
+        restarts = restart_count(self._env)
+        job_id = self._env.get(JOB_ENV, "")
+        if restarts < 1 or not job_id or "/" in job_id or not self.root.is_dir():
+            return
+        mark = {"job_id": job_id, "restart_count": restarts, "time": time.time(),
+                "step": found.step if found else None}  # fmt: skip
+        path = self.root / f"{RESUME_PREFIX}{job_id}.{restarts}.json"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except OSError:
+            return
+        with contextlib.suppress(OSError), os.fdopen(fd, "w") as f:
+            json.dump(mark, f)
+
+    def resumes(self) -> list[Resume]:
+        """The resume marks of restarted runs, oldest first; unreadable ones are skipped."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.iterdir():
+            if not _RESUME_FILE.fullmatch(path.name):
+                continue
+            try:
+                raw = json.loads(path.read_text())
+                step = raw.get("step")
+                found.append(
+                    Resume(
+                        job_id=str(raw["job_id"]),
+                        restart_count=int(raw["restart_count"]),
+                        time=float(raw["time"]),
+                        step=None if step is None else int(step),
+                    )
+                )
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue
+        return sorted(found, key=lambda r: r.time)
 
     def resume_step(self) -> int | None:
         """The step of the newest complete checkpoint: a job resumes after it; None: start."""

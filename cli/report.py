@@ -1,0 +1,590 @@
+"""`medic report`: where the time of resilient jobs went, and the fleet's reliability, over a
+window; `medic report what-if`: the expected cost of failures for a training run.
+
+The arithmetic is remediation/report.py (pure) and remediation/whatif.py; the rows come from
+remediation/report_store.py. Docs: docs/operator-guide.md, "medic report".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cli.admin import (
+    EXIT_USAGE,
+    AdminError,
+    config_option,
+    echo_json,
+    echo_table,
+    iso,
+    load,
+    now_utc,
+    opened_store,
+    parse_since,
+    store_option,
+    when,
+)
+from remediation import report as rp
+from remediation import whatif as wi
+
+REPORT_FORMAT = 1
+
+
+def _time(option: str, text: str, now: dt.datetime) -> dt.datetime:
+    try:
+        return parse_since(text, now)
+    except click.BadParameter as exc:
+        raise AdminError(f"{option} {exc.message}", code=EXIT_USAGE) from None
+
+
+def duration(value: float | None) -> str:
+    """`-`, `850ms`, `42s`, `12m05s`, `3h20m`, `2d4h`."""
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0s"
+    if abs(value) < 1:
+        return f"{value * 1000:.0f}ms"
+    whole = round(value)
+    if whole < 60:
+        return f"{whole}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours}h"
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses, datetimes and tuples as JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dt.datetime):
+        return iso(value) if value.microsecond == 0 else value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float):
+        return round(value, 3)
+    return value
+
+
+def report_json(report: rp.Report, top: int | None) -> dict[str, Any]:
+    body = _plain(report)
+    assert isinstance(body, dict)
+    fleet = body["fleet"]
+    if top is not None:
+        fleet["by_node_total"] = len(fleet["by_node"])
+        fleet["by_node"] = fleet["by_node"][:top]
+    return {"format": REPORT_FORMAT, **body}
+
+
+# -- the table -----------------------------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def print_report(report: rp.Report, top: int) -> None:
+    click.echo(f"medic report {when(report.since)} .. {when(report.until)}")
+    click.echo("")
+    if not report.jobs:
+        click.echo("no resilient job was interrupted in this window")
+    else:
+        click.echo("Interruptions of resilient jobs")
+        rows = []
+        for job in report.jobs:
+            for i in job.interruptions:
+                rows.append(
+                    [
+                        job.job_id,
+                        when(i.known_at),
+                        i.node,
+                        i.fault_class or "-",
+                        duration(i.detection_s),
+                        duration(i.isolation_s),
+                        duration(i.scheduling_s),
+                        duration(i.restart_s),
+                        duration(i.wall_s) + ("*" if i.clock_skew else ""),
+                        duration(i.lost_work_s),
+                        _outcome(i),
+                    ]
+                )
+        echo_table(
+            (
+                "JOB",
+                "KNOWN",
+                "NODE",
+                "FAULT",
+                "DETECT",
+                "ISOLATE",
+                "SCHEDULE",
+                "RESTART",
+                "WALL",
+                "LOST",
+                "OUTCOME",
+            ),
+            rows,
+        )
+        if any(i.clock_skew for j in report.jobs for i in j.interruptions):
+            click.echo("* a later record was earlier than the one before it (clock skew)")
+        click.echo("")
+        click.echo("Jobs")
+        echo_table(
+            ("JOB", "WALL", "DOWN", "LOST", "INTERRUPTIONS", "ETTR"),
+            [
+                [
+                    j.job_id,
+                    duration(j.wall_s),
+                    duration(j.down_s),
+                    duration(j.lost_work_s),
+                    str(len(j.interruptions)),
+                    ("<=" if j.ettr_is_upper_bound and j.ettr is not None else "") + _pct(j.ettr),
+                ]
+                for j in report.jobs
+            ],
+        )
+        click.echo("")
+        click.echo(f"MTTR (recovered interruptions): {duration(report.mttr_s)}")
+        echo_table(
+            ("COMPONENT", "COUNT", "TOTAL", "MEAN", "P50", "P90"),
+            [
+                [
+                    name,
+                    str(s.count),
+                    duration(s.total_s),
+                    duration(s.mean_s),
+                    duration(s.p50_s),
+                    duration(s.p90_s),
+                ]
+                for name, s in report.components.items()
+            ],
+        )
+    click.echo("")
+    _print_fleet(report.fleet, top)
+    click.echo("")
+    click.echo("What this report cannot know yet:")
+    for line in report.cannot_know:
+        click.echo(f"  - {line}")
+
+
+def _outcome(i: rp.Interruption) -> str:
+    text = (
+        "running again"
+        if i.recovered
+        else ("not running again" if i.outcome == rp.REQUEUED else f"not requeued: {i.outcome}")
+    )
+    if i.also:
+        text += f" (also {', '.join(i.also)})"
+    return text
+
+
+def _print_fleet(fleet: rp.FleetReport, top: int) -> None:
+    click.echo(
+        f"Fleet: {fleet.nodes} nodes, {fleet.gpus} GPUs, {fleet.node_hours:,.0f} node-hours;"
+        f" {fleet.episodes} episodes, {fleet.interruptions} job interruptions"
+    )
+    click.echo(
+        f"MTBF: {_hours(fleet.mtbf_node_hours)} node-hours, {_hours(fleet.mtbf_gpu_hours)}"
+        f" GPU-hours per episode ({fleet.failure_rate_per_node_hour * 100:.4f}% per node-hour)"
+    )
+    click.echo(
+        f"Out of service: {duration(fleet.out_of_service_s)} node-time in all,"
+        f" {duration(fleet.rma_s)} of it in RMA; {len(fleet.false_ejections)} false ejections"
+    )
+    if fleet.by_class:
+        click.echo("")
+        echo_table(
+            ("FAULT", "EPISODES", "INTERRUPTIONS", "NODES"),
+            [
+                [c.fault_class or "-", str(c.episodes), str(c.interruptions), str(c.nodes)]
+                for c in fleet.by_class
+            ],
+        )
+    if fleet.by_node:
+        click.echo("")
+        shown = fleet.by_node[:top]
+        echo_table(
+            ("NODE", "EPISODES", "INTERRUPTIONS", "JOBS", "OUT", "RMA", "LEMON"),
+            [
+                [
+                    n.node,
+                    str(n.episodes),
+                    str(n.interruptions),
+                    str(n.jobs_touched),
+                    duration(n.out_of_service_s),
+                    duration(n.rma_s),
+                    "yes" if n.lemon else "",
+                ]
+                for n in shown
+            ],
+        )
+        if len(fleet.by_node) > top:
+            click.echo(f"({top} of {len(fleet.by_node)} nodes; --top for more)")
+    if fleet.lemons:
+        jobs = sum(n.jobs_touched for n in fleet.lemons)
+        click.echo(f"Lemons: {len(fleet.lemons)} nodes, {jobs} jobs touched")
+    if fleet.rungs:
+        click.echo("")
+        echo_table(
+            ("RUNG", "ACTION", "ATTEMPTS", "WORKED", "FAILED", "P50", "P90"),
+            [
+                [
+                    str(r.rung),
+                    r.action,
+                    str(r.attempts),
+                    str(r.worked),
+                    str(r.failed),
+                    duration(r.p50_s),
+                    duration(r.p90_s),
+                ]
+                for r in fleet.rungs
+            ],
+        )
+    if fleet.false_ejections:
+        click.echo("")
+        echo_table(
+            ("FALSE EJECTION", "NODE", "FAULT", "OPENED", "OUT"),
+            [
+                [
+                    f"episode {f.episode_id}",
+                    f.node,
+                    f.fault_class,
+                    when(f.opened_at),
+                    duration(f.out_s),
+                ]
+                for f in fleet.false_ejections[:top]
+            ],
+        )
+
+
+def _every(hours: float | None) -> str:
+    return "never" if hours is None else duration(hours * 3600)
+
+
+def _hours(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+def gather(
+    store: Any,
+    since: dt.datetime,
+    until: dt.datetime,
+    *,
+    fleet_nodes: int | None,
+    gpus_per_node: int,
+    lemon: rp.LemonRule,
+    checkpoints: Sequence[rp.CheckpointMark] = (),
+    job_ids: Sequence[str] = (),
+) -> rp.ReportInput:
+    from remediation import report_store as rs
+
+    actions = rs.job_actions(store, since, until)
+    if job_ids:
+        actions = [a for a in actions if a.job_id in job_ids]
+    interrupted = rs.interrupted_job_ids(actions)
+    starts, ends = rs.job_records(store, interrupted, since, until)
+    nodes = {a.node for a in actions if a.job_id in set(interrupted)}
+    episodes, steps = rs.episodes_and_steps(store, since, until)
+    return rp.ReportInput(
+        since=since,
+        until=until,
+        fleet_nodes=rs.fleet_nodes(store) if fleet_nodes is None else fleet_nodes,
+        gpus_per_node=gpus_per_node,
+        faults=rs.faults(store, nodes, since, until),
+        actions=actions,
+        starts=starts,
+        ends=ends,
+        checkpoints=checkpoints,
+        episodes=episodes,
+        steps=steps,
+        tickets=rs.tickets(store, since, until),
+        lemon=lemon,
+    )
+
+
+def checkpoint_marks(pairs: Sequence[str]) -> list[rp.CheckpointMark]:
+    """JOB=DIR: the job's checkpoint directory, read for its commits and resume marks."""
+    from slurm_hooks.checkpoint import CheckpointDir, CheckpointError
+
+    marks: list[rp.CheckpointMark] = []
+    for pair in pairs:
+        job_id, sep, root = pair.partition("=")
+        if not sep or not job_id or not root:
+            raise AdminError(f"--checkpoints {pair!r}: expected JOB=DIR", code=EXIT_USAGE)
+        try:
+            directory = CheckpointDir(Path(root))
+        except CheckpointError as exc:
+            raise AdminError(f"--checkpoints {pair!r}: {exc}", code=EXIT_USAGE) from None
+        for c in directory.checkpoints():
+            at = dt.datetime.fromtimestamp(c.time, dt.UTC)
+            marks.append(rp.CheckpointMark(job_id, at, "commit", c.step, c.restart_count))
+        for r in directory.resumes():
+            at = dt.datetime.fromtimestamp(r.time, dt.UTC)
+            marks.append(rp.CheckpointMark(job_id, at, "resume", r.step, r.restart_count))
+    return marks
+
+
+_JOB = re.compile(r"^\d+(_\d+)?$")
+
+
+@click.group("report", invoke_without_command=True)
+@click.option(
+    "--since",
+    "since_text",
+    default="7d",
+    show_default=True,
+    help="Start of the window: a duration back from now (30m, 12h, 7d, 2w) or an ISO time.",
+)
+@click.option("--until", "until_text", default=None, help="End of the window (default: now).")
+@click.option("--job", "job_ids", multiple=True, help="Only this job (repeatable).")
+@click.option(
+    "--checkpoints",
+    "checkpoint_dirs",
+    multiple=True,
+    metavar="JOB=DIR",
+    help="A job's checkpoint directory, for restart and lost work (repeatable).",
+)
+@click.option(
+    "--nodes",
+    "fleet_nodes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Fleet size for MTBF (default: the nodes the store knows).",
+)
+@click.option("--gpus-per-node", type=click.IntRange(min=0), default=8, show_default=True)
+@click.option(
+    "--top",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="Nodes shown in the per-node table (JSON: all with --top 0 is not allowed;"
+    " by_node_total says how many).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@store_option
+@config_option
+@click.pass_context
+def report(
+    ctx: click.Context,
+    since_text: str,
+    until_text: str | None,
+    job_ids: tuple[str, ...],
+    checkpoint_dirs: tuple[str, ...],
+    fleet_nodes: int | None,
+    gpus_per_node: int,
+    top: int,
+    as_json: bool,
+    store_url: str | None,
+    config_path: Path | None,
+) -> None:
+    """Where resilient jobs' time went (MTTR by component, ETTR) and the fleet's reliability."""
+    if ctx.invoked_subcommand is not None:
+        return
+    now = now_utc()
+    since = _time("--since", since_text, now)
+    until = _time("--until", until_text, now) if until_text else now
+    if until <= since:
+        raise AdminError(
+            f"--since {when(since)} is not before --until {when(until)}", code=EXIT_USAGE
+        )
+    for job in job_ids:
+        if not _JOB.match(job):
+            raise AdminError(
+                f"--job {job!r}: expected a Slurm job id (1234 or 1234_5)", code=EXIT_USAGE
+            )
+    marks = checkpoint_marks(checkpoint_dirs)
+    config = load(config_path)
+    from medic_core.config import ConfigError
+    from medic_core.settings import RemediationSettings
+
+    try:
+        settings = RemediationSettings.from_config(config)
+    except ConfigError as exc:
+        raise AdminError(
+            "the configuration has a bad [remediation] table", str(exc), "fix it", EXIT_USAGE
+        ) from exc
+    lemon = rp.LemonRule(
+        settings.lemon_episodes, settings.lemon_days, settings.lemon_failed_requalifications
+    )
+    with opened_store(config, store_url) as store:
+        data = gather(
+            store,
+            since,
+            until,
+            fleet_nodes=fleet_nodes,
+            gpus_per_node=gpus_per_node,
+            lemon=lemon,
+            checkpoints=marks,
+            job_ids=job_ids,
+        )
+    result = rp.build_report(data)
+    if as_json:
+        echo_json(report_json(result, top))
+    else:
+        print_report(result, top)
+
+
+# -- what-if -------------------------------------------------------------------------------
+
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(%?)\s*$", re.IGNORECASE)
+_SPAN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h|d)?\s*$", re.IGNORECASE)
+_SPAN_HOURS = {"s": 1 / 3600, "m": 1 / 60, "min": 1 / 60, "h": 1.0, "d": 24.0}
+
+
+def parse_rate(text: str) -> float:
+    match = _RATE.match(text)
+    if not match:
+        raise AdminError(
+            f"--failure-rate {text!r}: expected failures per node-hour, as 0.0005 or 0.05%",
+            code=EXIT_USAGE,
+        )
+    value = float(match.group(1)) / (100 if match.group(2) else 1)
+    if value >= 1:
+        raise AdminError(
+            f"--failure-rate {text!r}: a rate per node-hour must be below 1"
+            " (write 0.05% or 0.0005)",
+            code=EXIT_USAGE,
+        )
+    return value
+
+
+def parse_hours(option: str, text: str, default_unit: str = "m") -> float:
+    match = _SPAN.match(text)
+    if not match:
+        raise AdminError(
+            f"{option} {text!r}: expected a duration such as 40m, 4.5h, 90s or 2d", code=EXIT_USAGE
+        )
+    unit = (match.group(2) or default_unit).lower()
+    return float(match.group(1)) * _SPAN_HOURS[unit]
+
+
+@report.command("what-if")
+@click.option("--nodes", type=click.IntRange(min=1), required=True, help="Nodes the job uses.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--failure-rate",
+    "rate_text",
+    required=True,
+    help="Interruptions per node-hour: 0.0005 or 0.05%.",
+)
+@click.option(
+    "--mttr",
+    "mttr_texts",
+    multiple=True,
+    required=True,
+    help="Downtime per interruption (40m, 4.5h); repeat to compare.",
+)
+@click.option(
+    "--gpu-hours",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Work of the run in GPU-hours (or --days).",
+)
+@click.option(
+    "--days",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Failure-free length of the run in days (or --gpu-hours).",
+)
+@click.option(
+    "--checkpoint-every",
+    "interval_text",
+    default=None,
+    help="Checkpoint interval (30m); adds the work lost since the last checkpoint.",
+)
+@click.option(
+    "--checkpoint-cost",
+    "cost_text",
+    default="0s",
+    show_default=True,
+    help="Time one checkpoint stalls training (20s).",
+)
+@click.option(
+    "--price",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Cost of one GPU-hour, for the cost columns.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def what_if(
+    nodes: int,
+    gpus_per_node: int,
+    rate_text: str,
+    mttr_texts: tuple[str, ...],
+    gpu_hours: float | None,
+    days: float | None,
+    interval_text: str | None,
+    cost_text: str,
+    price: float | None,
+    as_json: bool,
+) -> None:
+    """Expected interruptions, lost days and cost of a training run, for each --mttr."""
+    if (gpu_hours is None) == (days is None):
+        raise AdminError(
+            "give the run's length: --gpu-hours or --days (one of them)", code=EXIT_USAGE
+        )
+    rate = parse_rate(rate_text)
+    work_hours = days * 24 if days is not None else (gpu_hours or 0.0) / (nodes * gpus_per_node)
+    interval = parse_hours("--checkpoint-every", interval_text) if interval_text else None
+    stall = parse_hours("--checkpoint-cost", cost_text, "s")
+    outcomes = []
+    for text in mttr_texts:
+        scenario = wi.Scenario(
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            failure_rate=rate,
+            work_hours=work_hours,
+            mttr_hours=parse_hours("--mttr", text),
+            checkpoint_interval_hours=interval,
+            checkpoint_cost_hours=stall,
+            price_per_gpu_hour=price,
+        )
+        try:
+            outcomes.append(wi.expect(scenario))
+        except ValueError as exc:
+            raise AdminError(str(exc), code=EXIT_USAGE) from None
+    if as_json:
+        echo_json({"format": REPORT_FORMAT, "what_if": [_plain(o) for o in outcomes]})
+        return
+    first = outcomes[0].scenario
+    click.echo(
+        f"{first.nodes} nodes x {first.gpus_per_node} GPUs, {first.failure_rate * 100:.4g}%"
+        f" interruptions per node-hour: one every {_every(outcomes[0].mtbf_hours)} of running;"
+        f" {first.work_hours / 24:,.1f} days of failure-free work"
+    )
+    rows = []
+    for o in outcomes:
+        row = [
+            duration(o.scenario.mttr_hours * 3600),
+            f"{o.interruptions:,.1f}",
+            f"{o.wall_hours / 24:,.1f}",
+            f"{o.lost_hours / 24:,.1f}",
+            _pct(o.ettr),
+        ]
+        if o.cost is not None and o.lost_cost is not None:
+            row += [f"{o.cost:,.0f}", f"{o.lost_cost:,.0f}"]
+        rows.append(row)
+    headers = ["MTTR", "INTERRUPTIONS", "WALL DAYS", "LOST DAYS", "ETTR"]
+    if price is not None:
+        headers += ["COST", "LOST COST"]
+    echo_table(headers, rows)
+    if outcomes[0].optimal_interval_hours is not None:
+        click.echo(
+            "Young's optimal checkpoint interval for this cost:"
+            f" {duration(outcomes[0].optimal_interval_hours * 3600)}"
+        )

@@ -1,0 +1,197 @@
+"""The rows `medic report` needs, read from the store with a few narrow queries.
+
+What is read: job_action events in the window (the interrupting ones and the rest, for the
+jobs each node touched), the gate and job_summary events of the interrupted jobs only, the
+fault events of the nodes those happened on, the episodes and RMA tickets that overlap the
+window, their steps, and the number of nodes the store knows. Nothing is read per job or
+per node in a loop: 10,000 nodes and 90 days stay a handful of indexed queries.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from sqlalchemy import func, or_, select
+
+from medic_core.store import Store
+from medic_core.store.models import ConditionRow, EventRow, RmaTicketRow
+from remediation import episodes as ep
+from remediation.report import (
+    FAULT_LOOKBACK,
+    INTERRUPTING,
+    EpisodeRow,
+    FaultSeen,
+    JobAction,
+    JobEnd,
+    JobStart,
+    StepRow,
+    TicketRow,
+)
+
+HOOK_KINDS = ("gate", "job_summary", "job_action", "remediation", "admin")
+# The run a fault ended may have started before the window: its gate is looked for this far.
+RUN_LOOKBACK = dt.timedelta(days=7)
+_CHUNK = 500  # values per IN (...): under SQLite's and PostgreSQL's parameter limits
+
+
+def _utc(value: Any) -> dt.datetime:
+    assert isinstance(value, dt.datetime)
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def _chunks(values: Sequence[str]) -> Iterator[Sequence[str]]:
+    for i in range(0, len(values), _CHUNK):
+        yield values[i : i + _CHUNK]
+
+
+def job_actions(store: Store, since: dt.datetime, until: dt.datetime) -> list[JobAction]:
+    """The job_action events naming a job in the window."""
+    action = EventRow.evidence["action"].as_string()
+    query = select(EventRow.node, EventRow.at, EventRow.target, EventRow.fault_class, action).where(
+        EventRow.kind == "job_action",
+        EventRow.at >= since,
+        EventRow.at <= until,
+        action.is_not(None),
+    )
+    with store.engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return [
+        JobAction(
+            job_id=target.removeprefix("job:"),
+            node=node,
+            at=_utc(at),
+            action=str(what),
+            fault_class=fault_class,
+        )
+        for node, at, target, fault_class, what in rows
+        if target.startswith("job:")
+    ]
+
+
+def job_records(
+    store: Store, job_ids: Iterable[str], since: dt.datetime, until: dt.datetime
+) -> tuple[list[JobStart], list[JobEnd]]:
+    """Gate decisions and job summaries of these jobs."""
+    targets = sorted({f"job:{j}" for j in job_ids})
+    starts: list[JobStart] = []
+    ends: list[JobEnd] = []
+    allow = EventRow.evidence["allow"].as_boolean()
+    with store.engine.connect() as conn:
+        for chunk in _chunks(targets):
+            query = select(EventRow.kind, EventRow.node, EventRow.at, EventRow.target, allow).where(
+                EventRow.kind.in_(("gate", "job_summary")),
+                EventRow.at >= since - RUN_LOOKBACK,
+                EventRow.at <= until,
+                EventRow.target.in_(chunk),
+            )
+            for kind, node, at, target, allowed in conn.execute(query):
+                job_id = target.removeprefix("job:")
+                if kind == "gate":
+                    starts.append(JobStart(job_id, node, _utc(at), bool(allowed)))
+                else:
+                    ends.append(JobEnd(job_id, node, _utc(at)))
+    return starts, ends
+
+
+def faults(
+    store: Store, nodes: Iterable[str], since: dt.datetime, until: dt.datetime
+) -> list[FaultSeen]:
+    """Fault events (a class, not INFO, not a hook's or an admin's record) of these nodes."""
+    out: list[FaultSeen] = []
+    fault_at = EventRow.evidence["fault_at"].as_string()
+    with store.engine.connect() as conn:
+        for chunk in _chunks(sorted(set(nodes))):
+            query = select(EventRow.node, EventRow.at, EventRow.fault_class, fault_at).where(
+                EventRow.node.in_(chunk),
+                EventRow.at >= since - FAULT_LOOKBACK,
+                EventRow.at <= until,
+                EventRow.fault_class != "",
+                EventRow.severity != "INFO",
+                EventRow.kind.not_in(HOOK_KINDS),
+            )
+            for node, at, fault_class, happened in conn.execute(query):
+                out.append(FaultSeen(node, _utc(at), fault_class, _parse_time(happened)))
+    return out
+
+
+def _parse_time(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return value if value.tzinfo else None
+
+
+def episodes_and_steps(
+    store: Store, since: dt.datetime, until: dt.datetime
+) -> tuple[list[EpisodeRow], list[StepRow]]:
+    """Episodes that overlap the window, and their steps."""
+    e = ep.episodes
+    query = select(
+        e.c.id,
+        e.c.node,
+        e.c.state,
+        e.c.fault_class,
+        e.c.opened_at,
+        e.c.closed_at,
+        e.c.failed_requalifications,
+    ).where(e.c.opened_at <= until, or_(e.c.closed_at.is_(None), e.c.closed_at >= since))
+    s = ep.steps
+    with store.engine.connect() as conn:
+        episodes = [
+            EpisodeRow(
+                id=int(i),
+                node=node,
+                state=state,
+                fault_class=fault_class,
+                opened_at=_utc(opened),
+                closed_at=_utc(closed) if closed else None,
+                failed_requalifications=int(failed),
+            )
+            for i, node, state, fault_class, opened, closed, failed in conn.execute(query)
+        ]
+        opened_ids = [str(x.id) for x in episodes if since <= x.opened_at <= until]
+        steps = []
+        for chunk in _chunks(opened_ids):
+            step_query = select(
+                s.c.episode_id, s.c.rung, s.c.action, s.c.state, s.c.started_at, s.c.ended_at
+            ).where(s.c.episode_id.in_([int(i) for i in chunk]))
+            for episode_id, rung, action, state, started, ended in conn.execute(step_query):
+                steps.append(
+                    StepRow(
+                        int(episode_id),
+                        int(rung),
+                        action,
+                        state,
+                        _utc(started),
+                        _utc(ended) if ended else None,
+                    )
+                )
+    return episodes, steps
+
+
+def tickets(store: Store, since: dt.datetime, until: dt.datetime) -> list[TicketRow]:
+    t = RmaTicketRow
+    query = select(t.id, t.node, t.created_at, t.closed_at).where(
+        t.created_at <= until, or_(t.closed_at.is_(None), t.closed_at >= since)
+    )
+    with store.engine.connect() as conn:
+        return [
+            TicketRow(int(i), node, _utc(created), _utc(closed) if closed else None)
+            for i, node, created, closed in conn.execute(query)
+        ]
+
+
+def fleet_nodes(store: Store) -> int:
+    """Nodes the store knows (each daemon writes its node's conditions)."""
+    with store.engine.connect() as conn:
+        count = conn.execute(select(func.count(func.distinct(ConditionRow.node)))).scalar()
+    return int(count or 0)
+
+
+def interrupted_job_ids(actions: Sequence[JobAction]) -> list[str]:
+    return sorted({a.job_id for a in actions if a.action in INTERRUPTING})

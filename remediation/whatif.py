@@ -1,0 +1,107 @@
+"""`medic report what-if`: the expected cost of failures for one training run. Pure.
+
+A synchronous training job stops when any of its nodes fails, so with independent failures
+at rate r per node-hour a job on N nodes is interrupted at Λ = N·r per hour of running
+(exponential failures: the MTBF of the job is 1/Λ; Meta's Llama 3 report and the HPCA 2025
+paper on Meta's research clusters both read their fleets this way). Each interruption costs
+the MTTR (down until training runs again) and, with checkpoints every τ hours, on average
+τ/2 of work done since the last checkpoint (Young 1974; Daly 2006 for the refinement), which
+is run again and can itself be interrupted. Writing a checkpoint stalls training δ.
+
+For T hours of failure-free work:
+
+    compute   C = T·(1 + δ/τ)                 work plus checkpoint stalls
+    running   R = C + n·τ/2                   plus the work done again
+    failures  n = Λ·R  =>  n = Λ·C / (1 − Λ·τ/2)
+    wall      W = R + n·MTTR
+    ETTR      T / W;   lost time W − T;   Young's optimal interval τ* = sqrt(2δ/Λ)
+
+Without τ the work lost is taken to be inside the MTTR: n = Λ·T and W = T·(1 + Λ·MTTR),
+which is the model of AWS's HyperPod case (docs/operator-guide.md works it by hand).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Scenario:
+    nodes: int
+    gpus_per_node: int
+    failure_rate: float  # interruptions per node-hour of running
+    work_hours: float  # failure-free wall time of the run
+    mttr_hours: float
+    checkpoint_interval_hours: float | None = None
+    checkpoint_cost_hours: float = 0.0
+    price_per_gpu_hour: float | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    scenario: Scenario
+    job_failure_rate: float  # Λ, per hour of running
+    mtbf_hours: float | None  # 1/Λ (None without failures)
+    interruptions: float
+    running_hours: float  # computing, checkpointing and redoing lost work
+    down_hours: float  # interruptions x MTTR
+    lost_work_hours: float  # redone after restarts
+    wall_hours: float
+    lost_hours: float  # wall - failure-free work
+    ettr: float
+    gpu_hours: float
+    cost: float | None
+    lost_cost: float | None
+    optimal_interval_hours: float | None  # Young's, when a checkpoint cost is given
+
+
+def expect(s: Scenario) -> Outcome:
+    if s.nodes < 1 or s.gpus_per_node < 1:
+        raise ValueError("a run needs at least one node with one GPU")
+    if not 0 <= s.failure_rate < 1:
+        raise ValueError(f"failure rate {s.failure_rate}: expected a rate per node-hour in [0, 1)")
+    if s.work_hours <= 0 or s.mttr_hours < 0 or s.checkpoint_cost_hours < 0:
+        raise ValueError("work must be positive; MTTR and checkpoint cost not negative")
+    rate = s.nodes * s.failure_rate
+    interval = s.checkpoint_interval_hours
+    if interval is not None and interval <= 0:
+        raise ValueError("the checkpoint interval must be positive")
+    if interval is None:
+        compute = s.work_hours
+        half = 0.0
+    else:
+        compute = s.work_hours * (1 + s.checkpoint_cost_hours / interval)
+        half = interval / 2
+    if rate * half >= 1:
+        raise ValueError(
+            f"checkpoints every {interval} h with one failure every {1 / rate:.3g} h: the run"
+            " never finishes (on average a failure comes before the next checkpoint);"
+            " checkpoint more often"
+        )
+    interruptions = rate * compute / (1 - rate * half)
+    lost_work = interruptions * half
+    running = compute + lost_work
+    down = interruptions * s.mttr_hours
+    wall = running + down
+    gpus = s.nodes * s.gpus_per_node
+    optimal = None
+    if s.checkpoint_cost_hours > 0 and rate > 0:
+        optimal = math.sqrt(2 * s.checkpoint_cost_hours / rate)
+    price = s.price_per_gpu_hour
+    return Outcome(
+        scenario=s,
+        job_failure_rate=rate,
+        mtbf_hours=1 / rate if rate else None,
+        interruptions=interruptions,
+        running_hours=running,
+        down_hours=down,
+        lost_work_hours=lost_work,
+        wall_hours=wall,
+        lost_hours=wall - s.work_hours,
+        ettr=s.work_hours / wall,
+        gpu_hours=wall * gpus,
+        cost=wall * gpus * price if price is not None else None,
+        lost_cost=(wall - s.work_hours) * gpus * price if price is not None else None,
+        optimal_interval_hours=optimal,
+    )
