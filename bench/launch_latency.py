@@ -1,62 +1,144 @@
-"""Launch-verdict latency over the daemon's Unix socket, as the prolog sees it: connect, send
-`{"op": "launch"}`, read the verdict. Two cases:
+"""Launch-verdict latency over the daemon's Unix socket, with the hooks' real requests: connect,
+send one line, read the reply. Three request forms, interleaved call by call so that each
+meets the same machine:
 
-* cached: launch-tier results are fresh (the daemon's periodic runs keep them so), the
-  usual case for a prolog;
-* stale: `launch_max_age = 0`, so every request runs the whole launch tier (8 GPUs through
-  NVML, IB, filesystems, memory, CPUs, services) before answering: the worst case.
+* hook: `{"op": "launch", "fresh_only": true, "job_id": N}`, what medic-hook (the compiled
+  Prolog front) sends at every job start;
+* prolog: `{"op": "launch", "budget": B, "job_id": N}`, what the Python prolog sends when
+  the front hands over (stale results);
+* bare: `{"op": "launch"}`, a verdict without a job (an operator's question; the form the
+  earlier version of this bench timed).
 
-Prints one JSON object. Run: .venv/bin/python -m bench.launch_latency --calls 2000
+Each job id is new, so each hook and prolog call is a gate decision the daemon records.
+Reported per form: p50, p90 and (with >= 1,000 calls) p99 with 95 % bootstrap intervals, the
+reply's size, and the daemon's CPU per call (its own accounting, over the whole interleaved
+run divided by the calls: all forms together). Also the machine's load average, and whether
+every gate decision reached the store. --pace spaces the calls (a node starts jobs one after
+another, and the daemon writes each gate decision after its reply: back to back, that write
+competes with the next call). The stale case (`launch_max_age = 0`: every request
+runs the whole launch tier) is timed with the prolog's form.
+
+Prints one JSON object. Run: .venv/bin/python -m bench.launch_latency --calls 3000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
+import random
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import LabSpec
 from healthd.api import ask
+from medic_core.store import open_store
+
+FORMS = ("hook", "prolog", "bare")
+BOOTSTRAP = 1000
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
+def quantile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def measure(lab: Lab, calls: int) -> dict[str, float]:
+def interval(values: list[float], q: float, rng: random.Random) -> list[float]:
+    """95 % bootstrap interval of the q-quantile."""
+    n = len(values)
+    estimates = sorted(quantile(sorted(rng.choices(values, k=n)), q) for _ in range(BOOTSTRAP))
+    return [round(quantile(estimates, 0.025), 3), round(quantile(estimates, 0.975), 3)]
+
+
+def summary(times: list[float], sizes: list[int], rng: random.Random) -> dict[str, Any]:
+    ordered = sorted(times)
+    out: dict[str, Any] = {"calls": len(times)}
+    quantiles = [("p50", 0.5), ("p90", 0.9)] + ([("p99", 0.99)] if len(times) >= 1000 else [])
+    for label, q in quantiles:
+        out[f"{label}_ms"] = round(quantile(ordered, q), 3)
+        out[f"{label}_ci_ms"] = interval(times, q, rng)
+    out["max_ms"] = round(ordered[-1], 3)
+    out["reply_bytes"] = max(sizes)
+    return out
+
+
+def request(form: str, job_id: int) -> dict[str, Any]:
+    if form == "hook":
+        return {"op": "launch", "fresh_only": True, "job_id": str(job_id)}
+    if form == "prolog":
+        return {"op": "launch", "budget": 9.0, "job_id": str(job_id)}
+    return {"op": "launch"}
+
+
+def measure(
+    lab: Lab, pid: int, calls: int, forms: tuple[str, ...], seed: int, pace: float = 0.0
+) -> dict[str, Any]:
     sock = lab.node("n1").socket
     ask(sock, {"op": "launch"}, timeout=30)  # the first run fills the cache
-    times = []
+    daemon = psutil.Process(pid)
+    times: dict[str, list[float]] = {f: [] for f in forms}
+    sizes: dict[str, list[int]] = {f: [] for f in forms}
+    job_id = 10**6
+    cpu_before = daemon.cpu_times()
+    load_before = os.getloadavg()
     for _ in range(calls):
-        started = time.perf_counter()
-        verdict = ask(sock, {"op": "launch"}, timeout=30)
-        times.append((time.perf_counter() - started) * 1000)
-        assert verdict["status"] in ("OK", "WARN", "NOT_APPLICABLE"), verdict["status"]
-    return {
-        "calls": calls,
-        "p50_ms": round(statistics.median(times), 3),
-        "p99_ms": round(percentile(times, 0.99), 3),
-        "max_ms": round(max(times), 3),
-    }
+        for form in forms:
+            job_id += 1
+            line = json.dumps(request(form, job_id))
+            started = time.perf_counter()
+            reply = ask(sock, request(form, job_id), timeout=30)
+            times[form].append((time.perf_counter() - started) * 1000)
+            sizes[form].append(len(json.dumps(reply)) + 1)
+            assert reply.get("allow", True) is True, (line, reply)
+            assert "stale" not in reply, reply
+            if pace:  # job starts one after another, not back to back
+                time.sleep(pace)
+    cpu_after = daemon.cpu_times()
+    cpu = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+    rng = random.Random(seed)
+    out: dict[str, Any] = {f: summary(times[f], sizes[f], rng) for f in forms}
+    out["daemon_cpu_ms_per_call"] = round(cpu * 1000 / (calls * len(forms)), 3)
+    out["pace_s"] = pace
+    out["load_avg_1m"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
+    recording = [f for f in forms if f != "bare"]
+    out["gate_decisions_sent"] = calls * len(recording)
+    return out
 
 
-def latency(calls: int, stale_calls: int) -> dict[str, object]:
+def gate_events(lab: Lab, expected: int, timeout: float = 30.0) -> int:
+    """Gate events of the bench's jobs in the store, once all arrived (or at the deadline)."""
+    deadline = time.monotonic() + timeout
+    with open_store(f"sqlite:///{lab.layout.store_db}") as store:
+        while True:
+            found = sum(
+                1
+                for e in store.events("n1", kind="gate", limit=expected + 100)
+                if e.target.startswith("job:1")
+            )
+            if found >= expected or time.monotonic() > deadline:
+                return found
+            time.sleep(0.1)
+
+
+def latency(
+    calls: int, stale_calls: int, seed: int, venv_bin: Path | None = None, pace: float = 0.0
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="medic-bench-") as tmp:
-        lab = Lab(Path(tmp))
+        lab = Lab(Path(tmp), venv_bin=venv_bin)
         lab.up(LabSpec(nodes=1, gpus_per_node=8))
         try:
-            lab.start_healthd("n1")
-            cached = measure(lab, calls)
+            pid = lab.start_healthd("n1")
+            cached = measure(lab, pid, calls, FORMS, seed, pace)
+            cached["gate_events_stored"] = gate_events(lab, cached["gate_decisions_sent"])
             config = Path(tmp) / "stale.toml"
             text = lab.layout.medic_conf.read_text()
             config.write_text(text.replace("[healthd]\n", "[healthd]\nlaunch_max_age = 0\n", 1))
-            lab.start_healthd("n1", config=config)
-            stale = measure(lab, stale_calls)
+            pid = lab.start_healthd("n1", config=config)
+            stale = measure(lab, pid, stale_calls, ("prolog",), seed)
         finally:
             lab.down()
     return {"benchmark": "launch_latency", "gpus": 8, "cached": cached, "stale": stale}
@@ -64,10 +146,19 @@ def latency(calls: int, stale_calls: int) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--calls", type=int, default=3000, help="per request form")
     parser.add_argument("--stale-calls", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--venv-bin",
+        type=Path,
+        help="where the medic-healthd to time is (default: this venv's): an older checkout's",
+    )
+    parser.add_argument(
+        "--pace", type=float, default=0.0, help="seconds between calls (default: back to back)"
+    )
     args = parser.parse_args()
-    print(json.dumps(latency(args.calls, args.stale_calls)))
+    print(json.dumps(latency(args.calls, args.stale_calls, args.seed, args.venv_bin, args.pace)))
 
 
 if __name__ == "__main__":

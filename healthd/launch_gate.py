@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from healthd.checks.base import Result, Status, Tier, worst
+from healthd.gate_recorder import EventRecorder
 from healthd.results import result_json
 from healthd.runner import Runner, RunnerBusy, RunReport
 from medic_core.config import MedicConfig
@@ -25,6 +27,13 @@ log = logging.getLogger("medic.healthd")
 # What the epilog's job_end runs: the GPUs still there and clean after the job.
 POST_JOB_CHECKS = ("gpu_count", "gpu_xid", "gpu_ecc", "gpu_retired_pages", "gpu_remapped_rows")
 HOOK_EVENT_KINDS = ("gate", "job_summary", "job_action")
+GATE_FLUSH = 1.0  # seconds job_summary waits for queued gate decisions to reach the store
+# The gate's rails (open RMA tickets, the drain cap's hold) for a verdict that is not CRITICAL
+# come from memory when read within RAILS_MAX_AGE seconds (read again after the reply once
+# older than RAILS_FRESH), else from the store before the reply. So an RMA ticket opened for a
+# node in service may let jobs start there for up to RAILS_MAX_AGE more seconds (the ladder's
+# keep-out drains such a node anyway).
+RAILS_FRESH, RAILS_MAX_AGE = 0.5, 2.0
 
 
 class GateHost(Protocol):
@@ -58,9 +67,26 @@ class GateHost(Protocol):
     ) -> RunReport: ...
 
 
+# What the hook's reply carries of the verdict (the results only with a refusal: the prolog
+# drains for them; an allowed job needs none, and all of them made each reply ~27 KB).
+HOOK_REPLY_KEYS = ("node", "tier", "status", "ran", "seconds")
+
+
 class LaunchGate:
     def __init__(self, host: GateHost) -> None:
         self.host = host
+        self._recorder: EventRecorder | None = None
+        self._recorder_lock = threading.Lock()
+        self._rails_seen: tuple[float, list[int], str] | None = None  # (monotonic, rails)
+
+    @property
+    def recorder(self) -> EventRecorder:
+        """Made at first use: the daemon builds its gate before its configuration is set."""
+        with self._recorder_lock:
+            if self._recorder is None:
+                host = self.host
+                self._recorder = EventRecorder(lambda: host.store, host.config.paths, host.node)
+            return self._recorder
 
     def launch_budget(self) -> float:
         """The one launch budget (`[hooks] launch_budget`): a request's budget is capped by it."""
@@ -69,13 +95,32 @@ class LaunchGate:
     def launch(
         self, budget: float, *, fresh_only: bool = False, job_id: str | None = None
     ) -> dict[str, Any]:
-        """The launch verdict; with `job_id`, also the gate decision, recorded for the job."""
-        verdict = self.launch_verdict(budget, fresh_only=fresh_only)
-        if job_id is not None and "status" in verdict:  # a verdict, not "stale: ask again"
-            verdict.update(self.gate(job_id, verdict))
-        return verdict
+        """The launch verdict, every result in it; with `job_id` (the hook's request), the
+        gate decision instead: the verdict's status, allow, why, and with a refusal what
+        blocks (and the results that are not OK). The decision is recorded for the job
+        after the reply, not before (gate_recorder)."""
+        verdict = self._verdict(budget, fresh_only=fresh_only)
+        if "status" not in verdict:  # "stale: ask again"
+            return verdict
+        results: list[Result] = verdict["results"]
+        if job_id is None:
+            return {**verdict, "results": [result_json(r) for r in results]}
+        # The decision needs only what is not OK (decide_launch); the status is the verdict's.
+        not_ok = [result_json(r) for r in results if r.status is not Status.OK]
+        reply = {k: verdict[k] for k in HOOK_REPLY_KEYS}
+        reply.update(self.gate(job_id, {**reply, "results": not_ok}))
+        if not reply["allow"]:
+            reply["results"] = not_ok
+        return reply
 
     def launch_verdict(self, budget: float, *, fresh_only: bool = False) -> dict[str, Any]:
+        """The launch verdict with every result (see _verdict)."""
+        verdict = self._verdict(budget, fresh_only=fresh_only)
+        if "results" in verdict:
+            verdict["results"] = [result_json(r) for r in verdict["results"]]
+        return verdict
+
+    def _verdict(self, budget: float, *, fresh_only: bool = False) -> dict[str, Any]:
         """The prolog's question: may a job start here? Current launch-tier results younger
         than launch_max_age are reused; the stale ones are run now. Waiting for the runner
         (a periodic run in progress) and the run itself fit in `budget` together: a check
@@ -132,7 +177,7 @@ class LaunchGate:
             "status": worst([r.status for r in results]).value,
             "ran": [n for n in ran if n not in stale],
             "seconds": round(time.monotonic() - start, 4),
-            "results": [result_json(r) for r in results],
+            "results": results,  # Result objects: the callers choose what to send
         }
 
     def record_hook_event(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -155,42 +200,65 @@ class LaunchGate:
 
     def gate(self, job_id: str, verdict: Mapping[str, Any]) -> dict[str, Any]:
         """The prolog's decision on a launch verdict, with the `[hooks]` policy, recorded
-        for the job (an event of kind "gate")."""
-        from medic_core.vocabulary import Verdict
+        for the job (an event of kind "gate", queued: written after the reply)."""
+        from medic_core.vocabulary import Finding, Verdict
         from remediation.decide import decide_launch as decide
 
-        seen = Verdict.from_reply(dict(verdict), "healthd", float(verdict.get("seconds", 0.0)))
-        rma_open, cap_held = self._rails()
+        found = verdict.get("results", [])
+        seen = Verdict(
+            Status(verdict["status"]),
+            tuple(Finding.from_json(r) for r in found),
+            "healthd",
+            float(verdict.get("seconds", 0.0)),
+        )
+        # A CRITICAL verdict reads them now: the drain cap's hold changes with the very fault
+        # the verdict found, and a refusal is the slow path anyway.
+        rma_open, cap_held, rails_age = self._cached_rails(now=seen.status is Status.CRITICAL)
         decision = decide(
             seen, HookSettings.from_config(self.host.config), rma_open=rma_open, cap_held=cap_held
         )
         first = decision.first
-        self.host.store.add_event(
-            node=self.host.node,
-            at=dt.datetime.now(dt.UTC),
-            kind="gate",
-            severity=Severity.INFO if decision.allow else Severity.CRITICAL,
-            source="prolog",
-            message=(
-                f"job {job_id} allowed ({seen.status.value})"
-                if decision.allow
-                else f"job {job_id} refused: {first.message if first else decision.why}"
-            ),
-            fault_class=first.fault_class if first else "",
-            target=f"job:{job_id}",
-            evidence={
-                "job_id": job_id,
-                "allow": decision.allow,
-                "status": seen.status.value,
-                "verdict_source": "healthd",
-                "ran": list(verdict.get("ran", [])),
-                "seconds": verdict.get("seconds"),
+        self.recorder.record(
+            {
+                "kind": "gate",
+                "severity": Severity.INFO if decision.allow else Severity.CRITICAL,
+                "source": "prolog",
+                "message": (
+                    f"job {job_id} allowed ({seen.status.value})"
+                    if decision.allow
+                    else f"job {job_id} refused: {first.message if first else decision.why}"
+                ),
+                "fault_class": first.fault_class if first else "",
+                "target": f"job:{job_id}",
+                "evidence": {
+                    "job_id": job_id,
+                    "allow": decision.allow,
+                    "status": seen.status.value,
+                    "verdict_source": "healthd",
+                    "ran": list(verdict.get("ran", [])),
+                    "seconds": verdict.get("seconds"),
+                },
             },
+            after=self._read_rails if rails_age > RAILS_FRESH else None,
         )
         reply: dict[str, Any] = {"allow": decision.allow, "why": decision.why}
         if not decision.allow:  # what the prolog's refusal drains for
             reply["blocking"] = [f.as_json() for f in decision.blocking]
         return reply
+
+    def _cached_rails(self, now: bool = False) -> tuple[list[int], str, float]:
+        """The rails and their age in seconds: from memory when read within RAILS_MAX_AGE,
+        else (or with `now`) from the store now."""
+        seen = self._rails_seen
+        if now or seen is None or time.monotonic() - seen[0] > RAILS_MAX_AGE:
+            seen = self._read_rails()
+        return seen[1], seen[2], time.monotonic() - seen[0]
+
+    def _read_rails(self) -> tuple[float, list[int], str]:
+        at = time.monotonic()
+        rma_open, cap_held = self._rails()
+        self._rails_seen = (at, rma_open, cap_held)
+        return self._rails_seen
 
     def _rails(self) -> tuple[list[int], str]:
         """This node's open RMA tickets, and the episode the drain cap keeps in service (its
@@ -234,6 +302,7 @@ class LaunchGate:
         """For the epilog: the post-job checks now, and what this node saw during the job
         (events since the job's gate decision, or the last day when there was none)."""
         host = self.host
+        self.recorder.flush(GATE_FLUSH)  # the job's gate decision, queued at its start
         now = dt.datetime.now(dt.UTC)
         gates = [
             e for e in host.store.events(host.node, kind="gate") if e.target == f"job:{job_id}"
