@@ -7,13 +7,16 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner, Result
 
 from cli.main import medic
 from medic_core.store import Severity, Store, open_store
 from remediation import episodes as ep
+from remediation import report_store as rs
 from remediation import tickets
 from slurm_hooks.checkpoint import CheckpointDir
+from tests.pg import PostgresServer, pg_server  # noqa: F401
 
 NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
 
@@ -144,8 +147,16 @@ def checkpoints(root: Path) -> None:
     mark.write_text(json.dumps(raw))
 
 
-def test_report_on_a_real_store(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'medic.db'}"
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'medic.db'}"
+    server: PostgresServer = request.getfixturevalue("pg_server")
+    return server.create_database("report")
+
+
+def test_report_on_a_real_store(store_url: str, tmp_path: Path) -> None:
+    url = store_url
     with open_store(url) as store:
         record_day(store)
     checkpoints(tmp_path / "ckpt")
@@ -182,6 +193,17 @@ def test_report_on_a_real_store(tmp_path: Path) -> None:
     by_node = {n["node"]: n for n in fleet["by_node"]}
     assert by_node["n5"]["rma_s"] > 0 and by_node["n9"]["jobs_touched"] == 1
     assert out["cannot_know"]
+
+    # the same answer whether SQLite reads the events table in order or through its indexes
+    since = NOW - dt.timedelta(hours=3)
+
+    def rows(store: Store, scan: bool) -> list[str]:
+        starts, ends = rs.job_records(store, ["41"], since, NOW, scan=scan)
+        return sorted(map(repr, [*starts, *ends, *rs.job_actions(store, since, NOW, scan=scan)]))
+
+    with open_store(url) as store:
+        assert rs.scan_whole_table(store, since, NOW) == url.startswith("sqlite")
+        assert rows(store, scan=False) == rows(store, scan=url.startswith("sqlite"))
 
     table = run("report", *window)
     assert table.exit_code == 0, table.output
