@@ -37,7 +37,7 @@ from healthd.checks.base import CheckContext, Kind, Result, Status, Tier, gpu_ch
 from healthd.gpu_plumbing import GpuPlumbing, start_gpu_plumbing
 from healthd.jobs import SpoolJobState
 from healthd.kmsg_watch import KmsgWatcher
-from healthd.ladder_thread import LadderThread, attach_ladder
+from healthd.ladder_thread import LadderThread, attach_ladder, keep_in_journal
 from healthd.launch_gate import LaunchGate
 from healthd.metrics import DaemonMetrics
 from healthd.results import SEVERITY_OF, merge_by_target
@@ -49,6 +49,7 @@ from healthd.xid_listener import EventKind, GpuEvent
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.settings import DaemonSettings
 from medic_core.store import (
+    ConditionChange,
     ConditionUpdate,
     Severity,
     Store,
@@ -61,6 +62,7 @@ log = logging.getLogger("medic.healthd")
 # A fresh WARN with one of these recommendations is acted on too: a reset once the node is
 # idle (pending page retirement, pending row remap), and an application restart (XID 94).
 ACTIONABLE_WARN = ("gpu_reset_when_idle", "restart_app")
+JOURNAL_LOOK = 10.0  # seconds between looks for journal entries to replay (two listings)
 REFRESH_SECONDS = 300.0  # an unchanged condition's message, evidence and updated_at
 # The scheduler never waits long for the runner: a run asked for through the socket (a
 # sweep's deep probe) may hold it for up to the deep checks' timeouts, an hour, far past
@@ -102,6 +104,14 @@ class HealthDaemon:
         # conditions are rewritten only every REFRESH_SECONDS (a store write per condition
         # per run was most of the daemon's CPU).
         self._written: dict[tuple[str, str], tuple[str, str, str, float]] = {}
+        # While the store refuses writes: the newest update of each condition it has not
+        # taken (with its time), the status this daemon last saw of each, and why.
+        self._unsynced: dict[tuple[str, str], tuple[ConditionUpdate, dt.datetime]] = {}
+        self._known: dict[tuple[str, str], Status] = {}
+        self._store_down = ""
+        self._store_down_since = 0.0
+        self._journaled = False  # events wait in the node's journal
+        self._journal_looked = -JOURNAL_LOOK
         self._due: dict[str, float] = {}
         self.runner_wait, self.busy_retry = RUNNER_WAIT, BUSY_RETRY
         self._busy_since: float | None = None  # the runner was busy when checks were due
@@ -243,10 +253,18 @@ class HealthDaemon:
         return max(0.0, min(self._due.values(), default=60.0) - time.monotonic())
 
     def record(self, report: RunReport) -> None:
+        """Write a round's conditions and events, and hand its fresh faults to `on_fault`.
+
+        The answer to a fault never waits on the store: when it cannot take the round (its
+        database down, its disk full), fresh faults are told from what this daemon last
+        knew, the conditions wait in memory (newest per target, written in order once the
+        store is back) and the events in the node's journal (replayed with their times)."""
         at = report.started
         finished = time.monotonic()
         new_faults: list[Result] = []
         with self._record_lock:
+            store_up, flushed = self._flush_unsynced()
+            new_faults += flushed
             for outcome in report.outcomes:
                 conditions = merge_by_target(r for r in outcome.results if r.kind is Kind.CONDITION)
                 # An event without a fault class ("0 new kernel log records") is not news; an
@@ -274,7 +292,6 @@ class HealthDaemon:
                         )
                         seen.add(key)
                 updates = [u for u in updates if self._worth_writing(u, finished)]
-                changes = self.store.set_conditions(self.node, updates, at) if updates else []
                 # A new CRITICAL, or a new WARN that asks for a reset once the node is idle
                 # (pending page retirement, pending row remap): both start the ladder.
                 when_idle = {
@@ -283,38 +300,32 @@ class HealthDaemon:
                     if r.status == Status.WARN
                     and r.evidence.get("recommendation") in ACTIONABLE_WARN
                 }
-                fresh = {
-                    (c.type, c.target)
-                    for c in changes
-                    if c.previous_status != c.status
-                    and (c.status == Status.CRITICAL or (c.type, c.target) in when_idle)
-                }
+                changes = self._write_conditions(updates, at, finished, store_up)
+                if changes is None:
+                    store_up = False
+                    fresh = {
+                        (u.type, u.target)
+                        for u in updates
+                        if self._known.get((u.type, u.target)) != u.status
+                        and (u.status == Status.CRITICAL or (u.type, u.target) in when_idle)
+                    }
+                else:
+                    fresh = {
+                        (c.type, c.target)
+                        for c in changes
+                        if c.previous_status != c.status
+                        and (c.status == Status.CRITICAL or (c.type, c.target) in when_idle)
+                    }
+                    self._log_changes(changes)
+                for u in updates:
+                    self._known[(u.type, u.target)] = Status(u.status)
                 new_faults += [r for r in conditions if (r.check, r.target or "") in fresh]
-                for change in changes:
-                    if change.previous_status is None and change.status == Status.OK:
-                        continue  # a first, healthy observation is not news
-                    log.info(
-                        "condition %s/%s: %s %s -> %s %s: %s",
-                        change.type,
-                        change.target or "-",
-                        change.previous_status,
-                        change.previous_reason or "",
-                        change.status,
-                        change.reason,
-                        change.message,
-                    )
                 for event in events:
-                    self.store.add_event(
-                        node=self.node,
-                        at=at,
-                        kind=event.check,
-                        severity=SEVERITY_OF.get(event.status, Severity.INFO),
-                        source=f"check:{event.check}",
-                        message=event.message,
-                        fault_class=event.fault_class or str(event.evidence["fault_class"]),
-                        target=event.target or "",
-                        evidence=dict(event.evidence),
-                    )
+                    self._add_event(at, event, store_up)
+            # The journal also holds what the ladder's thread and the hooks could not store.
+            if store_up and (self._journaled or finished - self._journal_looked > JOURNAL_LOOK):
+                self._journal_looked = finished
+                self._replay_journal()
             self.metrics.observe_report(report)
             self.metrics.observe_round(self)  # the scrapes read this round's results
         if new_faults and self.on_fault is not None:
@@ -322,6 +333,150 @@ class HealthDaemon:
             threading.Thread(
                 target=self._respond, args=(self.on_fault, new_faults), daemon=True
             ).start()
+
+    def _write_conditions(
+        self, updates: list[ConditionUpdate], at: dt.datetime, now: float, store_up: bool
+    ) -> list[ConditionChange] | None:
+        """The store's changes, or None when it refused them or is known to be down (they
+        wait for `_flush_unsynced`, which keeps their order)."""
+        if not updates:
+            return [] if store_up else None
+        try:
+            if not store_up:
+                raise StoreError(self._store_down)
+            changes = self.store.set_conditions(self.node, updates, at)
+        except Exception as exc:  # down, full, read-only: the round goes on without it
+            self._store_failed(exc)
+            for u in updates:
+                # The newest word on each condition, with the time its status began.
+                key = (u.type, u.target)
+                self._written.pop(key, None)  # what the store last took is not the news now
+                waiting = self._unsynced.get(key)
+                same = waiting is not None and waiting[0].status == u.status
+                self._unsynced[key] = (u, waiting[1] if waiting is not None and same else at)
+            return None
+        self._mark_written(updates, now)
+        return changes
+
+    def _flush_unsynced(self) -> tuple[bool, list[Result]]:
+        """Write what waited for the store, oldest first. (whether the store took it all,
+        the faults the store sees as fresh in it and the checks still report: now that the
+        store is back they are admitted again, and their episodes open)."""
+        if not self._unsynced:
+            return True, []
+        faults: list[Result] = []
+        for at in sorted({when for _, when in self._unsynced.values()}):
+            batch = [u for u, when in self._unsynced.values() if when == at]
+            try:
+                changes = self.store.set_conditions(self.node, batch, at)
+            except Exception as exc:
+                self._store_failed(exc)
+                return False, faults
+            for u in batch:
+                del self._unsynced[(u.type, u.target)]
+            self._mark_written(batch, time.monotonic())
+            self._log_changes(changes)
+            faults += self._still_faults(c for c in changes if c.previous_status != c.status)
+        self._store_back()
+        return True, faults
+
+    def _still_faults(self, changes: Iterable[ConditionChange]) -> list[Result]:
+        found = []
+        for change in changes:
+            latest = self._latest.get(change.type)
+            for r in latest[1] if latest is not None else ():
+                if (r.target or "") != change.target or r.status != change.status:
+                    continue
+                if r.status == Status.CRITICAL or (
+                    r.status == Status.WARN and r.evidence.get("recommendation") in ACTIONABLE_WARN
+                ):
+                    found.append(r)
+        return found
+
+    def _add_event(self, at: dt.datetime, event: Result, store_up: bool) -> None:
+        record: dict[str, Any] = {
+            "kind": event.check,
+            "severity": SEVERITY_OF.get(event.status, Severity.INFO),
+            "source": f"check:{event.check}",
+            "message": event.message,
+            "fault_class": event.fault_class or str(event.evidence["fault_class"]),
+            "target": event.target or "",
+            "evidence": dict(event.evidence),
+        }
+        self._store_event(at, record, store_up)
+
+    def _store_event(self, at: dt.datetime, record: dict[str, Any], store_up: bool) -> None:
+        """Into the store, or the node's journal when it is down (replayed once it is back)."""
+        if store_up:
+            try:
+                self.store.add_event(node=self.node, at=at, **record)
+                return
+            except Exception as exc:
+                self._store_failed(exc)
+        keep_in_journal(self.config, at, record, self._store_down or "the store is down")
+        self._journaled = True
+
+    def _replay_journal(self) -> None:
+        from medic_core import journal
+
+        def add(entry: journal.Entry) -> None:
+            e = entry.event
+            self.store.add_event(
+                node=entry.node,
+                at=entry.at,
+                kind=str(e["kind"]),
+                severity=str(e.get("severity", "INFO")),
+                source=str(e.get("source", "healthd")),
+                message=str(e.get("message", "")),
+                fault_class=str(e.get("fault_class", "")),
+                target=str(e.get("target", "")),
+                evidence=dict(e.get("evidence") or {}),
+            )
+
+        done = journal.replay(self.config.paths, add, deadline=time.monotonic() + 5.0)
+        if done.delivered or done.set_aside:
+            log.info(
+                "journal: %d events replayed into the store, %d left%s",
+                done.delivered,
+                done.left,
+                "".join(f"; set aside {line}" for line in done.set_aside),
+            )
+        self._journaled = done.left > 0
+
+    def _store_failed(self, exc: Exception) -> None:
+        if self._store_down:
+            return
+        self._store_down = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        self._store_down_since = time.monotonic()
+        log.error(
+            "the store refused a write (%s): faults are still answered; conditions wait in"
+            " memory and events in the node's journal until it is back",
+            self._store_down,
+        )
+
+    def _store_back(self) -> None:
+        if not self._store_down:
+            return
+        log.warning(
+            "the store is back after %.0fs: the conditions that waited are written",
+            time.monotonic() - self._store_down_since,
+        )
+        self._store_down = ""
+
+    def _log_changes(self, changes: Iterable[ConditionChange]) -> None:
+        for change in changes:
+            if change.previous_status is None and change.status == Status.OK:
+                continue  # a first, healthy observation is not news
+            log.info(
+                "condition %s/%s: %s %s -> %s %s: %s",
+                change.type,
+                change.target or "-",
+                change.previous_status,
+                change.previous_reason or "",
+                change.status,
+                change.reason,
+                change.message,
+            )
 
     def _respond(self, respond: Callable[[list[Result]], None], faults: list[Result]) -> None:
         try:
@@ -336,9 +491,14 @@ class HealthDaemon:
         latest = self._latest.get(check)
         if latest is not None:
             return [(r.check, r.target or "") for r in latest[1]]
+        try:
+            stored = self.store.conditions(self.node, type=check)
+        except Exception as exc:
+            self._store_failed(exc)
+            return []
         return [
             (c.type, c.target)
-            for c in self.store.conditions(self.node, type=check)
+            for c in stored
             if c.status in (Status.WARN, Status.CRITICAL, Status.UNKNOWN)
         ]
 
@@ -346,10 +506,12 @@ class HealthDaemon:
         key = (update.type, update.target)
         seen = (str(update.status), update.reason, update.message)
         last = self._written.get(key)
-        if last is not None and last[:3] == seen and now - last[3] < REFRESH_SECONDS:
-            return False
-        self._written[key] = (*seen, now)
-        return True
+        return not (last is not None and last[:3] == seen and now - last[3] < REFRESH_SECONDS)
+
+    def _mark_written(self, updates: Iterable[ConditionUpdate], now: float) -> None:
+        """Only once the store took them: a refused write is tried again next round."""
+        for u in updates:
+            self._written[(u.type, u.target)] = (str(u.status), u.reason, u.message, now)
 
     @staticmethod
     def _update(result: Result) -> ConditionUpdate:
@@ -375,16 +537,15 @@ class HealthDaemon:
         gpu = "" if event.gpu is None else str(event.gpu)
         self.metrics.gpu_events.labels(event.kind.value, gpu).inc()
         if event.kind is EventKind.GPU_LOST:
-            self.store.add_event(
-                node=self.node,
-                at=dt.datetime.now(dt.UTC),
-                kind="gpu_listener",
-                severity=Severity.CRITICAL,
-                source="nvml:events",
-                message=f"GPU {gpu or '?'}: NVML says the GPU is lost ({event.detail})",
-                fault_class="gpu.lost",
-                target=gpu,
-            )
+            record: dict[str, Any] = {
+                "kind": "gpu_listener",
+                "severity": Severity.CRITICAL,
+                "source": "nvml:events",
+                "message": f"GPU {gpu or '?'}: NVML says the GPU is lost ({event.detail})",
+                "fault_class": "gpu.lost",
+                "target": gpu,
+            }
+            self._store_event(dt.datetime.now(dt.UTC), record, not self._store_down)
 
     def gpu_identities(self) -> list[dict[str, Any]]:
         if self.gpu is None:

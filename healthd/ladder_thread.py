@@ -13,7 +13,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
-from typing import Protocol
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from healthd.checks.base import Result, Status
 from healthd.ladder_host import DaemonLadderHost
@@ -39,6 +41,8 @@ class LadderDaemon(HostDaemon, Protocol):
     @property
     def config(self) -> MedicConfig: ...
 
+    def latest(self, name: str) -> tuple[float, tuple[Result, ...]] | None: ...
+
 
 class LadderThread:
     def __init__(
@@ -60,6 +64,8 @@ class LadderThread:
         self.lock = threading.Lock()  # one step at a time: a tick, or an admission
         self.wake = threading.Event()
         self._stop = threading.Event()
+        self._unanswered: list[Result] = []  # faults whose answer Slurm could not complete
+        self._retry_at = 0.0
 
     def start(self) -> threading.Thread:
         """Also continues an episode a restart interrupted."""
@@ -73,12 +79,24 @@ class LadderThread:
 
     def loop(self) -> None:
         """The ladder's own thread: repairs take minutes and must not hold up the checks."""
+        failing = ""  # the failure every tick repeats (the store down): logged once
         while not self._stop.is_set():
             try:
                 with self.lock:
                     self.ladder.tick()
+            except Exception as exc:
+                first = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+                if first != failing:
+                    log.exception("remediation step failed (logged once while it repeats)")
+                failing = first
+            else:
+                if failing:
+                    log.warning("remediation steps work again")
+                failing = ""
+            try:
+                self.retry_unanswered()
             except Exception:
-                log.exception("remediation step failed")
+                log.exception("answering a fault again failed")
             if self.webhook is not None:  # RMA ticket changes to the site's ticketing system
                 try:
                     deliver_pending(self.daemon.store, self.webhook)
@@ -87,10 +105,29 @@ class LadderThread:
             self.wake.wait(self.every)
             self.wake.clear()
 
-    def respond(self, faults: list[Result]) -> None:
+    def respond(self, faults: list[Result], again: bool = False) -> None:
         """Slurm's side of a fresh fault: the ladder gathers the facts, the decision core
         (remediation.decide) decides drain, requeues and episode, and slurm_hooks.actions
-        carries it out; each outcome is an event."""
+        carries it out; each outcome is an event.
+
+        An answer Slurm could not complete (slurmctld down: the jobs or the node table
+        unreadable, a drain or requeue refused) is tried again every RETRY_SECONDS by the
+        ladder's thread while the fault is still what the checks report."""
+        try:
+            complete = self._respond(faults, again)
+        except SlurmError as exc:
+            log.warning("answering %s: Slurm failed: %s", _classes(faults), exc)
+            complete = False
+        with self.lock:
+            if complete:
+                self._unanswered = [f for f in self._unanswered if not _same_fault(f, faults)]
+            else:
+                kept = [f for f in self._unanswered if not _same_fault(f, faults)]
+                self._unanswered = kept + list(faults)
+                self._retry_at = time.monotonic() + RETRY_SECONDS
+        self.wake.set()
+
+    def _respond(self, faults: list[Result], again: bool) -> bool:
         from slurm_hooks.actions import carry_out, job_facts, slurm_client, start_releaser
 
         daemon = self.daemon
@@ -98,14 +135,15 @@ class LadderThread:
         findings = [finding_of(r) for r in faults]
         client = self.seen.wrap(slurm_client(daemon.config, settings))
         now = dt.datetime.now(dt.UTC)
+        jobs_read = True
         with self.lock:
             try:
                 jobs = job_facts(client, daemon.node)
             except SlurmError as exc:
                 log.warning("cannot read the jobs on %s: %s", daemon.node, exc)
-                jobs = []
+                jobs, jobs_read = [], False
             admission = self.ladder.admit(
-                findings, jobs, requeue_resilient=settings.requeue_resilient
+                findings, jobs, requeue_resilient=settings.requeue_resilient, again=again
             )
             decision = admission.decision
 
@@ -114,14 +152,12 @@ class LadderThread:
 
             after = make_eligible if settings.release_held else None
             drained, actions = carry_out(client, daemon.node, decision, after)
-            if drained is not None:
+            if drained is not None and not admission.store_down:
                 self.ladder.drained(admission, drained.value)
-        self.wake.set()
         first = primary(findings)
         outcome = drained.value if drained else f"not drained: {decision.why}"
-        daemon.store.add_event(
-            node=daemon.node,
-            at=now,
+        self._event(
+            now,
             kind="job_action",
             severity=Severity.CRITICAL if first.status is Status.CRITICAL else Severity.WARN,
             source="healthd",
@@ -132,9 +168,8 @@ class LadderThread:
         )
         for action in actions:
             log.warning("job %s: %s: %s", action.job_id, action.action, action.detail)
-            daemon.store.add_event(
-                node=daemon.node,
-                at=now,
+            self._event(
+                now,
                 kind="job_action",
                 severity=Severity.WARN,
                 source="healthd",
@@ -143,6 +178,67 @@ class LadderThread:
                 target=f"job:{action.job_id}",
                 evidence={"action": action.action, "job_id": action.job_id},
             )
+        failed = any(a.action == "requeue_failed" for a in actions)
+        return jobs_read and admission.slurm_read and not failed
+
+    def _event(self, at: dt.datetime, **event: Any) -> None:
+        """An event into the store, or into the node's journal when the store refuses it
+        (replayed, with its time, once the store is back)."""
+        daemon = self.daemon
+        try:
+            daemon.store.add_event(node=daemon.node, at=at, **event)
+        except Exception as exc:  # the store: down, full, read-only
+            keep_in_journal(
+                daemon.config,
+                at,
+                event,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            )
+
+    def retry_unanswered(self) -> None:
+        """Answer again the faults Slurm could not take when they came, if still reported."""
+        with self.lock:
+            if not self._unanswered or time.monotonic() < self._retry_at:
+                return
+            waiting, self._unanswered = self._unanswered, []
+        current = [f for f in waiting if self._still_reported(f)]
+        if current:
+            log.info("answering %s again (Slurm failed before)", _classes(current))
+            self.respond(current, again=True)
+
+    def _still_reported(self, fault: Result) -> bool:
+        latest = self.daemon.latest(fault.check)
+        if latest is None:
+            return True
+        return any(
+            (r.target or "") == (fault.target or "") and r.status is fault.status for r in latest[1]
+        )
+
+
+RETRY_SECONDS = 5.0  # an answer Slurm refused (slurmctld down) is tried again this often
+
+
+def _same_fault(fault: Result, faults: Sequence[Result]) -> bool:
+    return any((f.check, f.target) == (fault.check, fault.target) for f in faults)
+
+
+def _classes(faults: Sequence[Result]) -> str:
+    return ", ".join(sorted({f.fault_class or f.check for f in faults}))
+
+
+def keep_in_journal(config: MedicConfig, at: dt.datetime, event: dict[str, Any], why: str) -> None:
+    """The node's write-ahead journal (medic_core.journal) keeps an event the store refused;
+    the daemon replays it when the store takes writes again."""
+    from medic_core import journal
+
+    first = why[:200]
+    record = {k: (str(v) if k == "severity" else v) for k, v in event.items()}
+    try:
+        kept = journal.write_ahead(config.paths, config.node_name, record, at)
+    except journal.JournalFull as exc:
+        log.error("event %s lost: the store refused it (%s) and %s", event.get("kind"), first, exc)
+        return
+    log.warning("event %s kept in %s: the store refused it (%s)", event.get("kind"), kept, first)
 
 
 def attach_ladder(daemon: LadderDaemon) -> LadderThread:

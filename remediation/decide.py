@@ -150,6 +150,9 @@ class FaultFacts:
     enabled: bool = True  # [remediation] enabled
     requeue_resilient: bool = True  # [hooks] requeue_resilient
     first_rung: Mapping[str, str] = field(default_factory=dict)  # [remediation] first_rung
+    # The same daemon answers this fault again because Slurm failed its first answer (its
+    # job actions did not happen): a handed-over episode does not make them stand.
+    answer_again: bool = False
 
 
 class EpisodeMove(StrEnum):
@@ -247,7 +250,10 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
         # report's job actions stand; the drain is decided again from what Slurm shows
         # (already Medic's, past the cap, or put back in service by a human meanwhile).
         why = f"joins episode {facts.handed_over} (handed over)"
-        return FaultDecision(drain, reason, why, EpisodeMove.JOIN, facts.handed_over)
+        again = _jobs(facts, first, reason, keep_running=not out) if facts.answer_again else ()
+        return FaultDecision(
+            drain, reason, why, EpisodeMove.JOIN, facts.handed_over, jobs=() if when_idle else again
+        )
     else:
         episode, episode_id = EpisodeMove.OPEN, None
         rung = first_rung(first.fault_class, rec.value, facts.first_rung)

@@ -93,6 +93,11 @@ class Admission:
 
     decision: FaultDecision
     episode: ep.Episode | None
+    # Why the store could not take part ("" when it did): the decision was taken on Slurm's
+    # facts alone and no episode was recorded; the fault is admitted again once the store is
+    # back (the daemon's unsynced conditions, written then, are fresh faults to it).
+    store_down: str = ""
+    slurm_read: bool = True  # Slurm's node table was read: the drain was decided on facts
 
     @property
     def drain(self) -> bool:
@@ -127,22 +132,73 @@ class Ladder:
         jobs: Sequence[JobFacts] = (),
         *,
         requeue_resilient: bool = True,
+        again: bool = False,
     ) -> Admission:
         """A fresh fault on this node: gather the facts, let the decision core decide
         (drain, requeue, episode, pause) and record the episode it opens or joins. Runs
-        under the store's admission lock, so two nodes never both take the cap's last slot."""
-        with self.store.locked():
-            facts = self.fault_facts(findings, jobs, requeue_resilient=requeue_resilient)
+        under the store's admission lock, so two nodes never both take the cap's last slot.
+
+        Acting on a fault never waits on the store: when it cannot be read or written (its
+        database down, its disk full), the decision is taken on Slurm's facts alone (no open
+        episode, pause, lemon or fleet signature known; the cap counts Slurm's drains only,
+        without the lock) and no episode is recorded."""
+        try:
+            with self.store.locked():
+                facts = self.fault_facts(
+                    findings, jobs, requeue_resilient=requeue_resilient, again=again
+                )
+                decision = decide_fault(findings, facts)
+                episode = self._record(decision, findings)
+                admission = Admission(decision, episode, slurm_read=facts.slurm.known)
+        except SlurmError:
+            raise
+        except Exception as exc:  # the store: down, full, read-only
+            store_down = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            facts = self._facts_without_store(findings, jobs, requeue_resilient)
             decision = decide_fault(findings, facts)
-            episode = self._record(decision, findings)
+            admission = Admission(decision, None, store_down, slurm_read=facts.slurm.known)
             log.warning(
-                "%s: %s: drain=%s %s",
+                "%s: the store is unavailable (%s): decided on Slurm's facts alone; the"
+                " episode opens when the store is back",
                 self.node,
-                primary(findings).fault_class,
-                decision.drain,
-                decision.why,
+                store_down[:200],
             )
-            return Admission(decision, episode)
+        log.warning(
+            "%s: %s: drain=%s %s",
+            self.node,
+            primary(findings).fault_class,
+            decision.drain,
+            decision.why,
+        )
+        return admission
+
+    def _facts_without_store(
+        self, findings: Sequence[Finding], jobs: Sequence[JobFacts], requeue_resilient: bool
+    ) -> FaultFacts:
+        try:
+            nodes: list[NodeInfo] | None = self.slurm.nodes()
+        except SlurmError as exc:
+            log.warning("%s: cannot read Slurm: %s", self.node, exc)
+            nodes = None
+        info = next((n for n in nodes or () if n.name == self.node), None)
+        cap = (
+            "cannot read Slurm to apply the drain cap"
+            if nodes is None
+            else cap_reason(
+                nodes, self.node, self.settings.max_drained_share, self.settings.min_drained
+            )
+        )
+        return FaultFacts(
+            node=self.node,
+            slurm=NodeFacts(True, info.drained, info.down, info.reason)
+            if info is not None
+            else NodeFacts(known=False),
+            jobs=tuple(jobs),
+            rails=Rails(paused="", cap=cap, signature=""),
+            enabled=self.settings.enabled,
+            requeue_resilient=requeue_resilient,
+            first_rung=self.settings.first_rung,
+        )
 
     def fault_facts(
         self,
@@ -150,6 +206,7 @@ class Ladder:
         jobs: Sequence[JobFacts] = (),
         *,
         requeue_resilient: bool = True,
+        again: bool = False,
     ) -> FaultFacts:
         first = primary(findings)
         current = self.store.open_for(self.node)
@@ -188,6 +245,7 @@ class Ladder:
             enabled=self.settings.enabled,
             requeue_resilient=requeue_resilient,
             first_rung=self.settings.first_rung,
+            answer_again=again,
         )
 
     def _record(self, decision: FaultDecision, findings: Sequence[Finding]) -> ep.Episode | None:

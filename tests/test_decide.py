@@ -287,3 +287,21 @@ def test_a_fault_the_cap_keeps_in_service_lets_the_job_start() -> None:
     assert d.allow and d.status is Status.CRITICAL
     assert d.why == "fault left in service by the drain cap: episode 3 waits for the drain cap"
     assert not decide_launch(sick, HookSettings(), rma_open=[1], cap_held="x").allow
+
+
+# --- an answer Slurm could not complete, given again -------------------------------------------
+
+
+def test_a_handed_over_fault_keeps_the_first_answers_job_actions() -> None:
+    """A sweep and the node's daemon report one fault: the first report's actions stand."""
+    facts = FaultFacts("n1", MEDIC_DRAINED, (resilient(),), handed_over=4)
+    d = decide_fault([XID79], facts)
+    assert (d.episode, d.episode_id, d.requeued) == (EpisodeMove.JOIN, 4, ())
+
+
+def test_answered_again_after_slurm_failed_the_job_leaves_a_handed_over_node() -> None:
+    """slurmctld was down at the first answer (the jobs unreadable): the daemon's second
+    answer requeues the job even though the episode was handed to a human meanwhile."""
+    facts = FaultFacts("n1", MEDIC_DRAINED, (resilient(),), handed_over=4, answer_again=True)
+    d = decide_fault([XID79], facts)
+    assert (d.episode, d.episode_id, d.requeued) == (EpisodeMove.JOIN, 4, ("7",))
