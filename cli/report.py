@@ -384,10 +384,15 @@ _JOB = re.compile(r"^\d+(_\d+)?$")
     type=click.IntRange(min=1),
     default=20,
     show_default=True,
-    help="Nodes shown in the per-node table (JSON: all with --top 0 is not allowed;"
-    " by_node_total says how many).",
+    help="Nodes in the per-node table and in the JSON's by_node (by_node_total: how many).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the report as one self-contained HTML page with plots.",
+)
 @store_option
 @config_option
 @click.pass_context
@@ -401,6 +406,7 @@ def report(
     gpus_per_node: int,
     top: int,
     as_json: bool,
+    html_path: Path | None,
     store_url: str | None,
     config_path: Path | None,
 ) -> None:
@@ -445,6 +451,13 @@ def report(
             job_ids=job_ids,
         )
     result = rp.build_report(data)
+    if html_path is not None:
+        from cli.report_html import page
+
+        try:
+            html_path.write_text(page(result), encoding="utf-8")
+        except OSError as exc:
+            raise AdminError(f"--html {html_path}: {exc.strerror or exc}") from None
     if as_json:
         click.echo(report_text(result, top))
     else:
