@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -24,6 +25,28 @@ from healthd.xid_listener import GpuEvent, XidListener, checks_for, record_into
 log = logging.getLogger("medic.healthd.gpu")
 
 GPU_MODES = ("auto", "required", "none")
+INIT_WAIT = 2.0  # seconds start-up waits for nvmlInit before it goes on without it
+
+
+@dataclass
+class _Opening:
+    done: threading.Event = field(default_factory=threading.Event)
+    error: Exception | None = None
+
+
+def _open_in_background(client: PynvmlClient) -> _Opening:
+    opening = _Opening()
+
+    def run() -> None:
+        try:
+            client.open()
+        except Exception as exc:
+            opening.error = exc
+        finally:
+            opening.done.set()
+
+    threading.Thread(target=run, name="nvml-init", daemon=True).start()
+    return opening
 
 
 @dataclass
@@ -79,12 +102,22 @@ def start_gpu_plumbing(
     *,
     call_timeout: float = 3.0,
     client: PynvmlClient | None = None,
+    init_wait: float = INIT_WAIT,
 ) -> GpuPlumbing | None:
     if mode == "none":
         return None
     client = client or PynvmlClient(call_timeout=call_timeout)
+    opened = _open_in_background(client)
+    if not opened.done.wait(init_wait):
+        # A driver whose nvmlInit hangs is a GPU node in trouble: the daemon starts and
+        # answers without it (the GPU checks time out and say so until it returns).
+        log.error("nvmlInit has not returned after %gs: starting without waiting for it", init_wait)
+        plumbing = GpuPlumbing(client, jobs)
+        plumbing.start(ready_timeout=0)
+        return plumbing
     try:
-        client.open()
+        if opened.error is not None:
+            raise opened.error
     except NvmlUnavailable as exc:
         if mode == "auto":
             log.info("NVML unavailable (%s): no GPU checks on this node", exc)
