@@ -11,12 +11,13 @@ the journal once the store takes its writes again (as do the daemon and the heal
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime as dt
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,7 @@ class EventRecorder:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._journaled = False  # events of ours wait in the journal
+        self._held = threading.local()  # a request's records, queued once it has its reply
 
     def record(
         self,
@@ -58,6 +60,25 @@ class EventRecorder:
         """Queue `event` for the store, and then `after` for the writer to call; returns at
         once."""
         item = Pending(at or dt.datetime.now(dt.UTC), event, after)
+        held: list[Pending] | None = getattr(self._held, "items", None)
+        if held is not None:
+            held.append(item)
+            return
+        self._put(item)
+
+    @contextlib.contextmanager
+    def after_reply(self) -> Iterator[None]:
+        """Hold what this thread records until the block ends (the socket writes its reply
+        inside it): the writer then cannot take the interpreter from the reply."""
+        self._held.items = []
+        try:
+            yield
+        finally:
+            items, self._held.items = self._held.items, None
+            for item in items:
+                self._put(item)
+
+    def _put(self, item: Pending) -> None:
         self._start()
         try:
             self._queue.put_nowait(item)

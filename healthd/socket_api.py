@@ -153,10 +153,10 @@ class SocketApi:
 
         class Handler(socketserver.StreamRequestHandler):
             timeout = SOCKET_IDLE  # per read or write; the request line also has a deadline
+            op = "invalid"  # the request's op, for the metrics
 
             def handle(self) -> None:
                 begin = time.monotonic()
-                op = "invalid"
                 try:
                     line = self.rfile.readline(1 << 20)
                 except OSError:  # idle past SOCKET_IDLE, or cut off at the deadline
@@ -164,24 +164,29 @@ class SocketApi:
                 server.request_read(self.request)  # in: the op may now take its time
                 if not line:  # connected and closed without a word
                     return
+                # The gate's records are written once the reply is out (gate_recorder).
+                with api.gate.recorder.after_reply():
+                    self.wfile.write(self.reply_to(line) + b"\n")
+                metrics.socket_requests.labels(self.op).inc()
+                metrics.socket_seconds.labels(self.op).observe(time.monotonic() - begin)
+
+            def reply_to(self, line: bytes) -> bytes:
                 try:
                     request = json.loads(line)
                     if not isinstance(request, dict):
                         raise ValueError("a request is one JSON object on one line")
-                    op = str(request.get("op"))[:40]
+                    self.op = str(request.get("op"))[:40]
                     reply = api.handle(request)
                 except (ValueError, TypeError, KeyError, RecursionError) as exc:
                     # A bad request (JSON, a field of the wrong type or value): one line in
                     # the log and the reply, no traceback, nothing of the daemon's insides.
                     why = " ".join(str(exc).split())[:200] or type(exc).__name__
-                    log.warning("socket: bad %s request: %s", op, why)
+                    log.warning("socket: bad %s request: %s", self.op, why)
                     reply = {"error": f"bad request: {why}"}
                 except Exception:  # a bug of ours: logged whole; the daemon goes on
-                    log.exception("socket: %s request failed", op)
-                    reply = {"error": f"{op}: internal error in medic-healthd (see its log)"}
-                self.wfile.write(json.dumps(reply).encode() + b"\n")
-                metrics.socket_requests.labels(op).inc()
-                metrics.socket_seconds.labels(op).observe(time.monotonic() - begin)
+                    log.exception("socket: %s request failed", self.op)
+                    reply = {"error": f"{self.op}: internal error in medic-healthd (see its log)"}
+                return json.dumps(reply).encode()
 
         class Server(BoundedServerMixIn, socketserver.UnixStreamServer):
             # Its own bound, apart from the metrics endpoint's: a flood there never

@@ -173,3 +173,14 @@ def test_the_rails_are_read_again_after_the_reply_once_they_are_old(
     monkeypatch.setattr(launch_gate, "RAILS_FRESH", -1.0)
     gate.launch(5.0, job_id="48")  # old: from memory, read again after the write
     assert gate.recorder.flush(10) and len(reads) == 2
+
+
+def test_records_made_for_a_request_wait_for_its_reply(
+    tmp_path: Path, paths: NodePaths, store: GatedStore
+) -> None:
+    gate = make_gate(tmp_path, paths, store, ok("gpu_count", "8 GPUs"))
+    with gate.recorder.after_reply():  # the socket writes its reply inside this block
+        gate.launch(5.0, fresh_only=True, job_id="49")
+        assert gate.recorder.flush(0.0)  # nothing queued yet
+    assert gate.recorder.flush(10)
+    assert [e.target for e in gate_events(store)] == ["job:49"]
