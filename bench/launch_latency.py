@@ -13,7 +13,9 @@ Each job id is new, so each hook and prolog call is a gate decision the daemon r
 Reported per form: p50, p90 and (with >= 1,000 calls) p99 with 95 % bootstrap intervals, the
 reply's size, and the daemon's CPU per call (its own accounting, over the whole interleaved
 run divided by the calls: all forms together). Also the machine's load average, and whether
-every gate decision reached the store. --pace spaces the calls (a node starts jobs one after
+every gate decision reached the store. Then `medic-hook` (the compiled Prolog front, as slurmd
+starts it) is timed as a whole process in turn with `/bin/true` (--hook-runs): what it adds,
+pair by pair. --pace spaces the calls (a node starts jobs one after
 another, and the daemon writes each gate decision after its reply: back to back, that write
 competes with the next call). The stale case (`launch_max_age = 0`: every request
 runs the whole launch tier) is timed with the prolog's form.
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +40,7 @@ import psutil
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import LabSpec
 from healthd.api import ask
+from medic_core import proc
 from medic_core.store import open_store
 
 FORMS = ("hook", "prolog", "bare")
@@ -109,6 +113,45 @@ def measure(
     return out
 
 
+def hook_process(lab: Lab, runs: int, seed: int) -> dict[str, Any]:
+    """`medic-hook` (the compiled Prolog front) as slurmd runs it, a whole process asking
+    the daemon, against `/bin/true` started the same way, in turn: the wall time of each,
+    and what the hook adds (per pair) with a 95 % bootstrap interval of its median."""
+    hook = lab.layout.lib_dir / "medic-hook"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        **lab.env("n1"),
+        "MEDIC_SOCKET": str(lab.node("n1").socket),
+        "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
+    }
+    walls: dict[str, list[float]] = {"hook": [], "true": []}
+    for n in range(runs + 3):  # the first three warm the page cache
+        for name, argv in (("hook", [str(hook)]), ("true", ["/bin/true"])):
+            env["SLURM_JOB_ID"] = str(2 * 10**6 + n)
+            started = time.perf_counter()
+            done = proc.run(argv, timeout=30, env=env)
+            wall = (time.perf_counter() - started) * 1000
+            assert done.returncode == 0, (argv, done.stderr)
+            if n >= 3:
+                walls[name].append(wall)
+    added = [h - t for h, t in zip(walls["hook"], walls["true"], strict=True)]
+    rng = random.Random(seed)
+    return {
+        "runs": runs,
+        "hook_p50_ms": round(statistics.median(walls["hook"]), 3),
+        "true_p50_ms": round(statistics.median(walls["true"]), 3),
+        "added_p50_ms": round(statistics.median(added), 3),
+        "added_p50_ci_ms": interval_median(added, rng),
+        "added_p90_ms": round(quantile(sorted(added), 0.9), 3),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def interval_median(values: list[float], rng: random.Random) -> list[float]:
+    estimates = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(1000))
+    return [round(quantile(estimates, 0.025), 3), round(quantile(estimates, 0.975), 3)]
+
+
 def gate_events(lab: Lab, expected: int, timeout: float = 30.0) -> int:
     """Gate events of the bench's jobs in the store, once all arrived (or at the deadline)."""
     deadline = time.monotonic() + timeout
@@ -125,7 +168,12 @@ def gate_events(lab: Lab, expected: int, timeout: float = 30.0) -> int:
 
 
 def latency(
-    calls: int, stale_calls: int, seed: int, venv_bin: Path | None = None, pace: float = 0.0
+    calls: int,
+    stale_calls: int,
+    seed: int,
+    venv_bin: Path | None = None,
+    pace: float = 0.0,
+    hook_runs: int = 200,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="medic-bench-") as tmp:
         lab = Lab(Path(tmp), venv_bin=venv_bin)
@@ -134,6 +182,7 @@ def latency(
             pid = lab.start_healthd("n1")
             cached = measure(lab, pid, calls, FORMS, seed, pace)
             cached["gate_events_stored"] = gate_events(lab, cached["gate_decisions_sent"])
+            process = hook_process(lab, hook_runs, seed) if hook_runs else None
             config = Path(tmp) / "stale.toml"
             text = lab.layout.medic_conf.read_text()
             config.write_text(text.replace("[healthd]\n", "[healthd]\nlaunch_max_age = 0\n", 1))
@@ -141,7 +190,10 @@ def latency(
             stale = measure(lab, pid, stale_calls, ("prolog",), seed)
         finally:
             lab.down()
-    return {"benchmark": "launch_latency", "gpus": 8, "cached": cached, "stale": stale}
+    out = {"benchmark": "launch_latency", "gpus": 8, "cached": cached, "stale": stale}
+    if process is not None:
+        out["hook_process"] = process
+    return out
 
 
 def main() -> None:
@@ -157,8 +209,13 @@ def main() -> None:
     parser.add_argument(
         "--pace", type=float, default=0.0, help="seconds between calls (default: back to back)"
     )
+    parser.add_argument(
+        "--hook-runs", type=int, default=200, help="medic-hook as a process (0: skip)"
+    )
     args = parser.parse_args()
-    print(json.dumps(latency(args.calls, args.stale_calls, args.seed, args.venv_bin, args.pace)))
+    hook_runs = args.hook_runs
+    out = latency(args.calls, args.stale_calls, args.seed, args.venv_bin, args.pace, hook_runs)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
