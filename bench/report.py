@@ -48,9 +48,9 @@ def job_events(store: Store, nodes: int, seed: int) -> tuple[int, int, int]:
     rng = random.Random(seed + 1)
     with store.engine.connect() as conn:
         resolved = conn.execute(
-            select(ep.episodes.c.node, ep.episodes.c.fault_class, ep.episodes.c.opened_at).where(
-                ep.episodes.c.state == ep.RESOLVED
-            )
+            select(ep.episodes.c.node, ep.episodes.c.fault_class, ep.episodes.c.opened_at)
+            .where(ep.episodes.c.state == ep.RESOLVED)
+            .order_by(ep.episodes.c.id)  # the same jobs on both backends
         ).all()
     resolved = [
         (node, fault_class, opened if opened.tzinfo else opened.replace(tzinfo=dt.UTC))

@@ -385,60 +385,84 @@ def interruptions_of(
     """One job's interruptions. `actions` are its interrupting job actions, `gates` the
     times the prolog allowed it, `resumes` and `commits` its checkpoint marks: all oldest
     first. A job action while the previous outage is still on (the job not running again
-    yet) is a further fault of that outage, not a new interruption."""
+    yet) is a further fault of that outage, not a new interruption; a requeue after a
+    failed one (Slurm refused, the daemon tried again) is the same outage's recovery."""
     out: list[Interruption] = []
     have_checkpoints = bool(resumes or commits)
     for action in actions:
         if out and (out[-1].running_at is None or action.at <= out[-1].running_at):
             last = out[-1]
-            also = f"{action.node}:{action.fault_class}"
-            if also not in last.also and (action.node, action.fault_class) != (
+            also = last.also
+            where = f"{action.node}:{action.fault_class}"
+            if where not in also and (action.node, action.fault_class) != (
                 last.node,
                 last.fault_class,
             ):
-                out[-1] = replace(last, also=(*last.also, also))
+                also = (*also, where)
+            if last.outcome != REQUEUED and action.action == REQUEUED:
+                retried = _interruption(
+                    job_id, action, last.known_at, last.fault_at, gates, resumes, commits,
+                    have_checkpoints,
+                )  # fmt: skip
+                last = replace(retried, node=last.node, fault_class=last.fault_class)
+            out[-1] = replace(last, also=also)
             continue
         fault = _fault_for(faults_by_node, action)
         known = fault.at if fault else action.at
         fault_at = fault.fault_at if fault else None
-        run_started = _run_started(gates, known, action.at)
-        floor = action.at - SKEW_TOLERANCE
-        if run_started is not None:
-            floor = max(floor, run_started + RUN_BURST)
-        running = _first_after(gates, floor) if action.action == REQUEUED else None
-        resumed = None
-        if running is not None:
-            resumed = _first_after([r.at for r in resumes], running - SKEW_TOLERANCE)
-        points, skewed = _monotone([fault_at, known, action.at, running, resumed])
-        p_fault, p_known, p_isolated, p_running, p_resumed = points
-        assert p_known is not None and p_isolated is not None
-        known_points = [p for p in points if p is not None]
-        lost, from_step = None, None
-        if have_checkpoints:
-            lost, from_step = _lost_work(fault_at or known, commits, resumes, run_started)
         out.append(
-            Interruption(
-                job_id=job_id,
-                node=action.node,
-                fault_class=action.fault_class,
-                outcome=action.action,
-                fault_at=p_fault,
-                known_at=p_known,
-                isolated_at=p_isolated,
-                running_at=p_running,
-                resumed_at=p_resumed,
-                detection_s=_gap(p_fault, p_known),
-                isolation_s=seconds(p_known, p_isolated),
-                scheduling_s=_gap(p_isolated, p_running),
-                restart_s=_gap(p_running, p_resumed),
-                wall_s=seconds(known_points[0], known_points[-1]),
-                lost_work_s=lost,
-                resumed_from_step=from_step,
-                recovered=p_running is not None,
-                clock_skew=skewed,
+            _interruption(
+                job_id, action, known, fault_at, gates, resumes, commits, have_checkpoints
             )
         )
     return out
+
+
+def _interruption(
+    job_id: str,
+    action: JobAction,
+    known: dt.datetime,
+    fault_at: dt.datetime | None,
+    gates: Sequence[dt.datetime],
+    resumes: Sequence[CheckpointMark],
+    commits: Sequence[CheckpointMark],
+    have_checkpoints: bool,
+) -> Interruption:
+    run_started = _run_started(gates, known, action.at)
+    floor = action.at - SKEW_TOLERANCE
+    if run_started is not None:
+        floor = max(floor, run_started + RUN_BURST)
+    running = _first_after(gates, floor) if action.action == REQUEUED else None
+    resumed = None
+    if running is not None:
+        resumed = _first_after([r.at for r in resumes], running - SKEW_TOLERANCE)
+    points, skewed = _monotone([fault_at, known, action.at, running, resumed])
+    p_fault, p_known, p_isolated, p_running, p_resumed = points
+    assert p_known is not None and p_isolated is not None
+    known_points = [p for p in points if p is not None]
+    lost, from_step = None, None
+    if have_checkpoints:
+        lost, from_step = _lost_work(fault_at or known, commits, resumes, run_started)
+    return Interruption(
+        job_id=job_id,
+        node=action.node,
+        fault_class=action.fault_class,
+        outcome=action.action,
+        fault_at=p_fault,
+        known_at=p_known,
+        isolated_at=p_isolated,
+        running_at=p_running,
+        resumed_at=p_resumed,
+        detection_s=_gap(p_fault, p_known),
+        isolation_s=seconds(p_known, p_isolated),
+        scheduling_s=_gap(p_isolated, p_running),
+        restart_s=_gap(p_running, p_resumed),
+        wall_s=seconds(known_points[0], known_points[-1]),
+        lost_work_s=lost,
+        resumed_from_step=from_step,
+        recovered=p_running is not None,
+        clock_skew=skewed,
+    )
 
 
 def _lost_work(
@@ -446,10 +470,11 @@ def _lost_work(
     commits: Sequence[CheckpointMark],
     resumes: Sequence[CheckpointMark],
     run_started: dt.datetime | None,
-) -> tuple[float, int | None]:
+) -> tuple[float | None, int | None]:
     """Seconds of work done since the last complete checkpoint (replayed after the restart),
     and the step the job resumes from. Work counts from the checkpoint, or from when this run
-    resumed or started if later (a run that resumed and failed before its first commit)."""
+    resumed or started if later (a run that resumed and failed before its first commit);
+    unknown when none of these is known."""
     committed = [c for c in commits if c.at <= fault_at]
     last = committed[-1] if committed else None
     starts = [r.at for r in resumes if r.at <= fault_at]
@@ -457,7 +482,7 @@ def _lost_work(
         starts.append(run_started)
     begin = max([*starts, *([last.at] if last else [])], default=None)
     if begin is None:
-        return 0.0, None
+        return None, None
     return max(0.0, seconds(begin, fault_at)), last.step if last else None
 
 

@@ -101,6 +101,22 @@ def test_two_faults_of_one_outage_are_one_interruption() -> None:
     assert i.also == ("n3:ib.port.down",)
 
 
+def test_a_requeue_after_a_failed_one_recovers_the_same_outage() -> None:
+    actions = [
+        rp.JobAction("7", "n1", at(3602), "requeue_failed", "gpu.xid.79"),
+        rp.JobAction("7", "n1", at(3632), "requeued", "gpu.xid.79"),
+    ]
+    (i,) = rp.build_report(one_job(actions=actions)).jobs[0].interruptions
+    assert i.outcome == "requeued" and i.recovered
+    assert (i.known_at, i.isolated_at, i.isolation_s, i.scheduling_s) == (
+        at(3600),
+        at(3632),
+        32,
+        68,
+    )
+    assert i.wall_s == 160 and i.also == ()
+
+
 def test_a_second_interruption_after_the_job_ran_again() -> None:
     actions = [
         rp.JobAction("7", "n1", at(3602), "requeued", "gpu.xid.79"),
