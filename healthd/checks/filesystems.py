@@ -1,9 +1,11 @@
-"""Required mounts: present in /proc/mounts, not hung, writable, with free space and inodes."""
+"""Required mounts: present in the host's mount table, not hung, writable, with free space and
+inodes."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -24,7 +26,7 @@ from healthd.checks.base import (
     register,
     setting,
 )
-from healthd.hostfs import BoundedCall, CallTimedOut, FsUsage, MountOps, read_text
+from healthd.hostfs import BoundedCall, CallTimedOut, FsUsage, HostRoots, MountOps, read_text
 
 NAME = "filesystems"
 _OCTAL = re.compile(r"\\([0-7]{3})")
@@ -116,6 +118,24 @@ def parse_mounts(text: str) -> dict[str, MountEntry]:
     return table
 
 
+def host_view(roots: HostRoots) -> tuple[Path, HostRoots]:
+    """The mount table to read and the root that mount points are reached through.
+
+    The shipped unit's sandbox (ProtectSystem=strict, ProtectHome=read-only) gives the daemon
+    a mount namespace in which every site mount is read-only, so its own /proc/self/mounts
+    and a write probe through its own / would call every node's scratch unwritable. PID 1's
+    mount table is the host's, and /proc/1/root reaches the host's mounts, so the check
+    reads and probes through them. A daemon that cannot look through PID 1 (not root, no
+    CAP_SYS_PTRACE, hidepid) or a fixture tree without /proc/1 uses its own view."""
+    pid1 = roots.proc / "1"
+    try:
+        if os.path.isdir(pid1 / "root" / "") and os.access(pid1 / "mounts", os.R_OK):
+            return pid1 / "mounts", HostRoots(pid1 / "root")
+    except OSError:
+        pass
+    return roots.proc / "mounts", roots
+
+
 @dataclass(frozen=True)
 class _Reading:
     usage: FsUsage
@@ -169,9 +189,10 @@ class FilesystemsCheck(Check[FilesystemsObservation, FilesystemsConfig]):
         self._hung: dict[str, tuple[BoundedCall[_Reading], str]] = {}
 
     def gather(self, ctx: CheckContext, cfg: FilesystemsConfig) -> FilesystemsObservation:
-        text = read_text(ctx.roots.proc, "mounts")
+        table_path, host = host_view(ctx.roots)
+        text = read_text(table_path.parent, table_path.name)
         if text is None:
-            raise FileNotFoundError(f"{ctx.roots.proc / 'mounts'} is missing")
+            raise FileNotFoundError(f"{table_path} is missing")
         table = parse_mounts(text)
         probes: dict[str, MountProbe] = {}
         calls: dict[str, BoundedCall[_Reading]] = {}
@@ -186,7 +207,7 @@ class FilesystemsCheck(Check[FilesystemsObservation, FilesystemsConfig]):
                 continue
             self._hung.pop(point, None)
             write = not entry.read_only and point not in cfg.read_only_mounts
-            path, ops = ctx.roots.path(point), ctx.mounts
+            path, ops = host.path(point), ctx.mounts
             calls[point] = BoundedCall(
                 functools.partial(_probe, ops, path, write),
                 name=f"fs-probe:{point}",
