@@ -314,4 +314,6 @@ def test_huge_adversarial_lines_are_read_in_linear_time(junk: str) -> None:
     start = time.monotonic()
     for text in (line + junk, line.replace(" Reason=", " Reason=" + junk, 1), "NodeName=" + junk):
         _parse(text)
-    assert time.monotonic() - start < 5.0
+    # Linear: well under a second on a quiet machine. Quadratic on these 600 KB lines would
+    # take hours, so a bound loose enough for a loaded CI machine still tells them apart.
+    assert time.monotonic() - start < 60.0
