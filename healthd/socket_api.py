@@ -84,19 +84,28 @@ class SocketApi:
             return {"node": host.node, "pid": os.getpid()}
         if op == "status":
             results = host.current()
-            episode = self.episodes.open_for(host.node) if self.episodes else None
-            return {
+            reply: dict[str, Any] = {
                 "node": host.node,
                 "status": worst([r.status for r in results]).value,
-                "rma_open": self._open_tickets(),
-                "remediation_episode": (
-                    {"id": episode.id, "state": episode.state, "rung": episode.rung}
-                    if episode
-                    else None
-                ),
+                "rma_open": [],
+                "remediation_episode": None,
                 "hung": {k: v.isoformat() for k, v in host.checks.hung().items()},
                 "results": [result_json(r) for r in results],
             }
+            try:  # from the store: the rest is the daemon's memory, answered whatever it does
+                episode = self.episodes.open_for(host.node) if self.episodes else None
+                reply["rma_open"] = self._open_tickets()
+            except Exception as exc:
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                reply["store"] = f"unavailable: {first[:200]}"
+                return reply
+            if episode is not None:
+                reply["remediation_episode"] = {
+                    "id": episode.id,
+                    "state": episode.state,
+                    "rung": episode.rung,
+                }
+            return reply
         if op == "event":  # the hooks' records (gate decisions, job summaries) go through us
             return self.gate.record_hook_event(request)
         if op == "job_summary":

@@ -20,9 +20,11 @@ from hypothesis import strategies as st
 from healthd.checks.base import CheckContext, Kind, Result, Status, fault, ok
 from healthd.daemon import HealthDaemon
 from healthd.runner import CheckOutcome, RunReport, RunState
+from healthd.socket_api import SocketApi
 from medic_core import journal
 from medic_core.config import load_config
 from medic_core.store import Store, open_configured_store
+from remediation.episodes import EpisodeStore
 from tests.conftest import poll
 from tests.test_daemon import plain_config
 
@@ -41,6 +43,8 @@ class SwitchedStore:
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.real, name)
         if not callable(attr):
+            if self.down:  # the engine: a connection would fail
+                raise StoreDown("connection refused (the store is down)")
             return attr
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -220,3 +224,15 @@ def test_random_outages_the_store_converges_and_every_new_fault_is_answered(
         poll("the answers", lambda: len(answers) >= onsets, timeout=5)
     finally:
         real.close()
+
+
+def test_the_socket_status_answers_from_memory_with_the_store_down(rig: Any) -> None:
+    daemon, store, _ = rig
+    api = SocketApi(daemon, daemon.gate, EpisodeStore(store))
+    daemon.record(round_of(T0, gpu_nvlink=[nvlink_down()]))
+    store.down = True
+    reply = api.handle({"op": "status"})
+    assert reply["status"] == "CRITICAL" and reply["store"].startswith("unavailable: ")
+    assert (reply["rma_open"], reply["remediation_episode"]) == ([], None)
+    store.down = False
+    assert "store" not in api.handle({"op": "status"})
