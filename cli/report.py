@@ -351,6 +351,48 @@ def checkpoint_marks(pairs: Sequence[str]) -> list[rp.CheckpointMark]:
     return marks
 
 
+def measured(params: Mapping[str, Any]) -> rp.Report:
+    """The report over the window and store the `medic report` options name."""
+    now = now_utc()
+    since = _time("--since", params["since_text"], now)
+    until = _time("--until", params["until_text"], now) if params["until_text"] else now
+    if until <= since:
+        raise AdminError(
+            f"--since {when(since)} is not before --until {when(until)}", code=EXIT_USAGE
+        )
+    for job in params["job_ids"]:
+        if not _JOB.match(job):
+            raise AdminError(
+                f"--job {job!r}: expected a Slurm job id (1234 or 1234_5)", code=EXIT_USAGE
+            )
+    marks = checkpoint_marks(params["checkpoint_dirs"])
+    config = load(params["config_path"])
+    from medic_core.config import ConfigError
+    from medic_core.settings import RemediationSettings
+
+    try:
+        settings = RemediationSettings.from_config(config)
+    except ConfigError as exc:
+        raise AdminError(
+            "the configuration has a bad [remediation] table", str(exc), "fix it", EXIT_USAGE
+        ) from exc
+    lemon = rp.LemonRule(
+        settings.lemon_episodes, settings.lemon_days, settings.lemon_failed_requalifications
+    )
+    with opened_store(config, params["store_url"]) as store:
+        data = gather(
+            store,
+            since,
+            until,
+            fleet_nodes=params["fleet_nodes"],
+            gpus_per_node=params["gpus_per_node"],
+            lemon=lemon,
+            checkpoints=marks,
+            job_ids=params["job_ids"],
+        )
+    return rp.build_report(data)
+
+
 _JOB = re.compile(r"^\d+(_\d+)?$")
 
 
@@ -413,44 +455,7 @@ def report(
     """Where resilient jobs' time went (MTTR by component, ETTR) and the fleet's reliability."""
     if ctx.invoked_subcommand is not None:
         return
-    now = now_utc()
-    since = _time("--since", since_text, now)
-    until = _time("--until", until_text, now) if until_text else now
-    if until <= since:
-        raise AdminError(
-            f"--since {when(since)} is not before --until {when(until)}", code=EXIT_USAGE
-        )
-    for job in job_ids:
-        if not _JOB.match(job):
-            raise AdminError(
-                f"--job {job!r}: expected a Slurm job id (1234 or 1234_5)", code=EXIT_USAGE
-            )
-    marks = checkpoint_marks(checkpoint_dirs)
-    config = load(config_path)
-    from medic_core.config import ConfigError
-    from medic_core.settings import RemediationSettings
-
-    try:
-        settings = RemediationSettings.from_config(config)
-    except ConfigError as exc:
-        raise AdminError(
-            "the configuration has a bad [remediation] table", str(exc), "fix it", EXIT_USAGE
-        ) from exc
-    lemon = rp.LemonRule(
-        settings.lemon_episodes, settings.lemon_days, settings.lemon_failed_requalifications
-    )
-    with opened_store(config, store_url) as store:
-        data = gather(
-            store,
-            since,
-            until,
-            fleet_nodes=fleet_nodes,
-            gpus_per_node=gpus_per_node,
-            lemon=lemon,
-            checkpoints=marks,
-            job_ids=job_ids,
-        )
-    result = rp.build_report(data)
+    result = measured(ctx.params)
     if html_path is not None:
         from cli.report_html import page
 
@@ -498,6 +503,30 @@ def parse_hours(option: str, text: str, default_unit: str = "m") -> float:
     return float(match.group(1)) * _SPAN_HOURS[unit]
 
 
+MEASURED = "measured"
+
+
+def measured_rate(found: rp.Report) -> float:
+    if not found.fleet.episodes:
+        raise AdminError(
+            "--failure-rate measured: no episode in the window to measure a rate from",
+            code=EXIT_USAGE,
+        )
+    return found.fleet.failure_rate_per_node_hour
+
+
+def measured_mttr(found: rp.Report) -> float:
+    """Hours: the mean outage of the recovered interruptions plus their mean lost work (the
+    model without --checkpoint-every counts lost work inside the MTTR)."""
+    if found.mttr_s is None:
+        raise AdminError(
+            "--mttr measured: no recovered interruption in the window to measure it from",
+            code=EXIT_USAGE,
+        )
+    lost = found.components["lost_work"].mean_s or 0.0
+    return (found.mttr_s + lost) / 3600
+
+
 @report.command("what-if")
 @click.option("--nodes", type=click.IntRange(min=1), required=True, help="Nodes the job uses.")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
@@ -505,14 +534,16 @@ def parse_hours(option: str, text: str, default_unit: str = "m") -> float:
     "--failure-rate",
     "rate_text",
     required=True,
-    help="Interruptions per node-hour: 0.0005 or 0.05%.",
+    help="Interruptions per node-hour: 0.0005, 0.05%, or 'measured' (from the store over"
+    " medic report's --since/--until).",
 )
 @click.option(
     "--mttr",
     "mttr_texts",
     multiple=True,
     required=True,
-    help="Downtime per interruption (40m, 4.5h); repeat to compare.",
+    help="Downtime per interruption (40m, 4.5h, or 'measured': medic report's MTTR plus"
+    " its mean lost work); repeat to compare.",
 )
 @click.option(
     "--gpu-hours",
@@ -563,7 +594,12 @@ def what_if(
         raise AdminError(
             "give the run's length: --gpu-hours or --days (one of them)", code=EXIT_USAGE
         )
-    rate = parse_rate(rate_text)
+    found = None
+    if rate_text == MEASURED or MEASURED in mttr_texts:
+        parent = click.get_current_context().parent
+        assert parent is not None
+        found = measured(parent.params)
+    rate = measured_rate(found) if rate_text == MEASURED and found else parse_rate(rate_text)
     work_hours = days * 24 if days is not None else (gpu_hours or 0.0) / (nodes * gpus_per_node)
     interval = parse_hours("--checkpoint-every", interval_text) if interval_text else None
     stall = parse_hours("--checkpoint-cost", cost_text, "s")
@@ -574,7 +610,9 @@ def what_if(
             gpus_per_node=gpus_per_node,
             failure_rate=rate,
             work_hours=work_hours,
-            mttr_hours=parse_hours("--mttr", text),
+            mttr_hours=measured_mttr(found)
+            if text == MEASURED and found
+            else parse_hours("--mttr", text),
             checkpoint_interval_hours=interval,
             checkpoint_cost_hours=stall,
             price_per_gpu_hour=price,

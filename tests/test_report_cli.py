@@ -211,6 +211,18 @@ def test_report_on_a_real_store(store_url: str, tmp_path: Path) -> None:
     # without the checkpoint directory, restart and lost work are unknown: ETTR a bound
     assert "<=" in table.output
 
+    # what-if with the window's own failure rate and MTTR (its outage plus its lost work)
+    with_ckpt = [*window, "--checkpoints", f"41={tmp_path / 'ckpt'}"]
+    what_if = run(
+        "report", *with_ckpt, "what-if", "--nodes", "100", "--days", "1",
+        "--failure-rate", "measured", "--mttr", "measured", "--mttr", "5m", "--json",
+    )  # fmt: skip
+    assert what_if.exit_code == 0, what_if.output
+    measured, given = json.loads(what_if.output)["what_if"]
+    assert measured["scenario"]["failure_rate"] == fleet["failure_rate_per_node_hour"]
+    assert measured["scenario"]["mttr_hours"] * 3600 == pytest.approx(110 + 1800, rel=1e-5)
+    assert given["scenario"]["mttr_hours"] * 60 == pytest.approx(5)
+
 
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'medic.db'}"
