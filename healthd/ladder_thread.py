@@ -134,7 +134,6 @@ class LadderThread:
         settings = HookSettings.from_config(daemon.config)
         findings = [finding_of(r) for r in faults]
         client = self.seen.wrap(slurm_client(daemon.config, settings))
-        now = dt.datetime.now(dt.UTC)
         jobs_read = True
         with self.lock:
             try:
@@ -154,6 +153,7 @@ class LadderThread:
             drained, actions = carry_out(client, daemon.node, decision, after)
             if drained is not None and not admission.store_down:
                 self.ladder.drained(admission, drained.value)
+        now = dt.datetime.now(dt.UTC)  # when the drain and requeues were done (medic report)
         first = primary(findings)
         outcome = drained.value if drained else f"not drained: {decision.why}"
         self._event(
