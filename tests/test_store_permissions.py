@@ -1,79 +1,71 @@
-"""The SQLite store holds RMA tickets and events: root only (issue 11, item 4)."""
+"""A user (not root) running medic against the node's root-only store is told why in one
+line, not SQLite's "unable to open database file" (hardening issue, item 6's follow-up)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import os
-import stat
+import pwd
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from medic_core.store import Severity, open_store
-from medic_core.store.engine import StoreError
+from medic_core import proc
+from medic_core.store import open_store
 
+REPO = Path(__file__).resolve().parent.parent
+OPEN = """
+import sys
+from medic_core.store import StoreError, open_store
+try:
+    open_store(sys.argv[1]).close()
+except StoreError as exc:
+    print(exc)
+    raise SystemExit(1)
+print("opened")
+"""
 
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
-
-
-def _write(store_path: Path) -> None:
-    with open_store(f"sqlite:///{store_path}") as store:
-        store.add_event(
-            "n1", at=dt.datetime.now(dt.UTC), kind="admin", severity=Severity.WARN,
-            source="test", message="RMA ticket text", evidence={},
-        )  # fmt: skip
-        wal, shm = Path(f"{store_path}-wal"), Path(f"{store_path}-shm")
-        assert wal.exists() and shm.exists()  # WAL mode, while the store is open
-        assert (_mode(wal), _mode(shm)) == (0o600, 0o600)
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="makes a root-only store")
 
 
 @pytest.fixture
-def loose_umask() -> object:
-    old = os.umask(0o022)  # the usual umask: SQLite alone would make the files 0644
-    yield
-    os.umask(old)
+def state_dir() -> Iterator[Path]:
+    """A root-only state directory like /var/lib/medic, below one a user may traverse."""
+    top = Path(tempfile.mkdtemp(prefix="medic-perm-"))
+    top.chmod(0o711)
+    state = top / "state"
+    state.mkdir(mode=0o700)
+    try:
+        yield state
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
-def test_a_fresh_store_is_root_only(tmp_path: Path, loose_umask: object) -> None:
-    db = tmp_path / "var/lib/medic/medic.db"
-    _write(db)
-    assert _mode(db.parent) == 0o700
-    assert _mode(db) == 0o600
-    for suffix in ("-wal", "-shm"):
-        side = Path(f"{db}{suffix}")
-        if side.exists():
-            assert _mode(side) == 0o600
+def as_nobody(url: str) -> proc.CommandResult:
+    nobody = pwd.getpwnam("nobody")
+    return proc.run(
+        ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+         "--", sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+         + OPEN, url],
+        timeout=60,
+    )  # fmt: skip
 
 
-def test_an_old_store_is_tightened_on_open(tmp_path: Path, loose_umask: object) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o755)
-    db = shared / "medic.db"
-    _write(db)
-    for suffix in ("", "-wal", "-shm"):
-        side = Path(f"{db}{suffix}")
-        if side.exists():
-            side.chmod(0o644)
-    open_store(f"sqlite:///{db}").close()
-    assert _mode(db) == 0o600
-    assert _mode(shared) == 0o755  # a directory it did not create keeps its mode
-    _write(db)  # and the -wal/-shm it makes next are 0600 (asserted inside)
+def test_a_user_is_told_the_store_is_roots_only(state_dir: Path) -> None:
+    url = f"sqlite:///{state_dir / 'medic.db'}"
+    open_store(url).close()  # root made it
+    done = as_nobody(url)
+    assert done.returncode == 1, done.stdout + done.stderr
+    [line] = done.stdout.splitlines()
+    assert "permission denied for uid" in line and "run medic as root" in line, line
+    assert "unable to open database file" not in line
 
 
-def test_a_symlink_at_the_store_name_is_not_chmodded_through(tmp_path: Path) -> None:
-    victim = tmp_path / "victim"
-    victim.write_text("x")
-    victim.chmod(0o644)
-    (tmp_path / "store").mkdir()
-    (tmp_path / "store" / "medic.db").symlink_to(victim)
-    with pytest.raises(StoreError, match=r"medic\.db"):
-        open_store(f"sqlite:///{tmp_path / 'store' / 'medic.db'}")
-    assert _mode(victim) == 0o644
-
-
-def test_a_fifo_at_the_store_name_is_a_clear_error(tmp_path: Path) -> None:
-    os.mkfifo(tmp_path / "medic.db")
-    with pytest.raises(StoreError, match="not a regular file"):
-        open_store(f"sqlite:///{tmp_path / 'medic.db'}")
+def test_a_store_the_user_may_open_opens(state_dir: Path) -> None:
+    state_dir.chmod(0o777)
+    url = f"sqlite:///{state_dir / 'medic.db'}"
+    done = as_nobody(url)
+    assert (done.returncode, done.stdout.strip()) == (0, "opened"), done.stderr

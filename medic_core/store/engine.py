@@ -163,6 +163,17 @@ def _private_sqlite_file(path: Path) -> None:
             os.close(fd)
 
 
+def _closed(directory: Path) -> bool:
+    """`directory` exists but this user may not look inside it."""
+    try:
+        directory.stat()
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return not os.access(directory, os.X_OK)
+
+
 def make_engine(url: URL) -> Engine:
     """An engine for a URL that `parse_url` accepted. A SQLite database is created 0600 in a
     directory Medic creates 0700; an existing directory keeps its mode."""
@@ -172,6 +183,21 @@ def make_engine(url: URL) -> Engine:
         try:
             path.parent.mkdir(mode=SQLITE_DIR_MODE, parents=True, exist_ok=True)
             _private_sqlite_file(path)
+        except PermissionError as exc:
+            theirs = _closed(path.parent) or (
+                path.exists() and not os.access(path, os.R_OK | os.W_OK)
+            )
+            if os.geteuid() == 0 or not theirs:
+                raise StoreError(
+                    f"store {describe(url)}: cannot create {path.parent} or {path.name} there:"
+                    f" {exc.strerror}; create it or point [store] url elsewhere"
+                ) from exc
+            # The node's store is root's only (0600 in a 0700 directory): `medic` run by a
+            # user would otherwise hear "cannot create" about a store that is there.
+            raise StoreError(
+                f"store {describe(url)}: permission denied for uid {os.geteuid()}: the store is"
+                " root's only; run medic as root (sudo medic ...)"
+            ) from exc
         except OSError as exc:
             raise StoreError(
                 f"store {describe(url)}: cannot create {path.parent} or {path.name} there:"
