@@ -462,6 +462,7 @@ class HealthDaemon:
             time.monotonic() - self._store_down_since,
         )
         self._store_down = ""
+        self._journaled = True  # what the ladder's thread kept meanwhile: replayed now
 
     def _log_changes(self, changes: Iterable[ConditionChange]) -> None:
         for change in changes:

@@ -405,6 +405,15 @@ def test_7_a_prolog_refusal_spends_no_restart_and_a_dbe_seen_twice_is_charged_on
     # (cap 2 of 5: the prolog's drain of n1 leaves room for n2's)
     lab.start_healthd("n2", config=config(lab, tmp_path, f"{LADDER_OFF}\nmax_drained_share = 0.4"))
     others = ",".join(n for n in lab.node_names() if n not in ("n1", "n2"))
+
+    def idle(name: str) -> bool:
+        info = node_info(lab, name)
+        flags = [str(f).upper() for f in info.get("state_flags") or []]
+        return str(info.get("state", "")).upper() == "IDLE" and "DRAIN" not in flags
+
+    # Slurm picks n1 first only when n1 is free when the job is submitted (under load the
+    # lab's previous test may still be giving it back).
+    poll("n1 and n2 idle", lambda: idle("n1") and idle("n2"), timeout=30)
     job_id, _ = running_job(lab, tmp_path, "--resilient=1", f"--exclude={others}")
     first = job(lab, job_id)
     assert (first["restart_cnt"], first["batch_host"]) == (1, "n2"), first

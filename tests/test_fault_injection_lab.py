@@ -271,13 +271,16 @@ def test_store_down_and_back_the_outages_fault_is_answered_without_a_restart(
 def test_store_down_and_back_nothing_seen_during_the_outage_is_lost(
     lab: Lab, tmp_path: Path, outage: StoreOutage
 ) -> None:
-    start_with_a_job(lab, tmp_path, outage)
+    _, job_id = start_with_a_job(lab, tmp_path, outage)
     fault_during_the_outage(lab, outage)  # XID 79 on GPU 2: a condition, answered at once
     lab.inject("n1", 3, ["nvlink.1=down"])  # gpu_nvlink runs every 2 s here
     poll(
-        "the NVLink fault answered during the outage",
-        lambda: "n1: gpu.nvlink.down: drain=" in log_of(lab, "n1"),
-        timeout=15,
+        "both faults answered during the outage (the job requeued)",
+        lambda: all(
+            line in log_of(lab, "n1")
+            for line in ("n1: gpu.nvlink.down: drain=", f"job {job_id}: requeued")
+        ),
+        timeout=30,
     )
     back_at = dt.datetime.now(dt.UTC)
     outage.back()
@@ -297,7 +300,7 @@ def test_store_down_and_back_nothing_seen_during_the_outage_is_lost(
         return lost
 
     with contextlib.suppress(AssertionError):
-        poll("everything in the store", lambda: not missing(), timeout=15)
+        poll("everything in the store", lambda: not missing(), timeout=30)
     assert not missing(), (
         f"lost with the store {outage.kind}: {missing()}\n{log_of(lab, 'n1')[-4000:]}"
     )
