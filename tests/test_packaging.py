@@ -56,6 +56,16 @@ def test_the_wheel_ships_every_file_of_the_packages(wheel: Path) -> None:
     assert "slurm_hooks/native/medic_hook.c" in shipped
 
 
+def test_the_wheel_carries_its_license_and_where_the_project_lives(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        [metadata] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        text = archive.read(metadata).decode()
+        licenses = [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert licenses and b"Apache License" in archive.read(licenses[0])
+    assert "License-Expression: Apache-2.0" in text and "License-File: LICENSE" in text
+    assert "Project-URL: Documentation, " in text and "Classifier: " in text
+
+
 def test_medic_hook_and_the_spank_plugin_build_from_the_installed_wheel(
     wheel: Path, tmp_path: Path
 ) -> None:
