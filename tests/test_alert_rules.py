@@ -5,9 +5,13 @@ and every metric they query is one a real medic-healthd exports."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
+import pytest
+
 from healthd.daemon import HealthDaemon
+from medic_core import proc
 from tests.test_metrics import (  # noqa: F401  (daemon: a fixture)
     daemon,
     exportable,
@@ -85,3 +89,54 @@ def test_promtool_test_rules() -> None:
     tested = promtool("test", "rules", str(RULE_TESTS))
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "SUCCESS" in tested.stdout
+
+
+ROUTES = RULES_DIR / "alertmanager-routes.yml"
+PAGED = {
+    "MedicCriticalNodeInService",
+    "MedicEpisodeWaitingOnHuman",  # a stuck episode
+    "MedicRemediationPaused",  # a fleet pause
+    "MedicDaemonDown",
+    "MedicChecksStalled",
+}
+
+
+def routed(path: Path) -> dict[str, str]:
+    """alert name -> the receiver of the first route whose alertname matcher takes it."""
+    found: dict[str, str] = {}
+    receiver = ""
+    for line in path.read_text().splitlines():
+        named = re.match(r"\s*- receiver: (\S+)", line)
+        if named:
+            receiver = named.group(1)
+        matcher = re.match(r'\s*- alertname=~"([^"]+)"', line)
+        if matcher:
+            for name in matcher.group(1).split("|"):
+                found.setdefault(name, receiver)
+    return found
+
+
+def test_every_alert_is_routed_and_what_needs_a_human_now_pages() -> None:
+    routes = routed(ROUTES)
+    alerts = set(expressions(RULES))
+    assert set(routes) == alerts, f"routed but no such alert, or not routed: {set(routes) ^ alerts}"
+    assert {name for name, receiver in routes.items() if receiver == "medic-pager"} == PAGED
+
+
+AMTOOL = shutil.which("amtool")
+
+
+@pytest.mark.skipif(
+    AMTOOL is None, reason="amtool not installed (Debian: prometheus-alertmanager; bootstrap)"
+)
+def test_alertmanager_takes_the_routes_and_sends_each_alert_where_they_say() -> None:
+    assert AMTOOL is not None
+    checked = proc.run([AMTOOL, "check-config", str(ROUTES)], timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    for alert, receiver in routed(ROUTES).items():
+        sent = proc.run(
+            [AMTOOL, "config", "routes", "test", f"--config.file={ROUTES}",
+             f"alertname={alert}", "node=n1"],
+            timeout=60,
+        )  # fmt: skip
+        assert sent.stdout.strip() == receiver, (alert, sent.stdout, sent.stderr)
