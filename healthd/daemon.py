@@ -62,6 +62,7 @@ log = logging.getLogger("medic.healthd")
 # A fresh WARN with one of these recommendations is acted on too: a reset once the node is
 # idle (pending page retirement, pending row remap), and an application restart (XID 94).
 ACTIONABLE_WARN = ("gpu_reset_when_idle", "restart_app")
+STORE_RETRY = 5.0  # seconds between tries of a store that refused a write
 JOURNAL_LOOK = 10.0  # seconds between looks for journal entries to replay (two listings)
 REFRESH_SECONDS = 300.0  # an unchanged condition's message, evidence and updated_at
 # The scheduler never waits long for the runner: a run asked for through the socket (a
@@ -110,6 +111,9 @@ class HealthDaemon:
         self._known: dict[tuple[str, str], Status] = {}
         self._store_down = ""
         self._store_down_since = 0.0
+        self._store_failed_at = 0.0
+        self.store_retry = STORE_RETRY
+        self._wrote = False  # this round wrote to the store
         self._journaled = False  # events wait in the node's journal
         self._journal_looked = -JOURNAL_LOOK
         self._due: dict[str, float] = {}
@@ -263,6 +267,7 @@ class HealthDaemon:
         finished = time.monotonic()
         new_faults: list[Result] = []
         with self._record_lock:
+            self._wrote = False
             store_up, flushed = self._flush_unsynced()
             new_faults += flushed
             for outcome in report.outcomes:
@@ -321,7 +326,9 @@ class HealthDaemon:
                     self._known[(u.type, u.target)] = Status(u.status)
                 new_faults += [r for r in conditions if (r.check, r.target or "") in fresh]
                 for event in events:
-                    self._add_event(at, event, store_up)
+                    store_up = self._add_event(at, event, store_up)
+            if store_up and self._wrote:  # back only once a write went through
+                self._store_back()
             # The journal also holds what the ladder's thread and the hooks could not store.
             if store_up and (self._journaled or finished - self._journal_looked > JOURNAL_LOOK):
                 self._journal_looked = finished
@@ -341,29 +348,30 @@ class HealthDaemon:
         wait for `_flush_unsynced`, which keeps their order)."""
         if not updates:
             return [] if store_up else None
-        try:
-            if not store_up:
-                raise StoreError(self._store_down)
-            changes = self.store.set_conditions(self.node, updates, at)
-        except Exception as exc:  # down, full, read-only: the round goes on without it
-            self._store_failed(exc)
-            for u in updates:
-                # The newest word on each condition, with the time its status began.
-                key = (u.type, u.target)
-                self._written.pop(key, None)  # what the store last took is not the news now
-                waiting = self._unsynced.get(key)
-                same = waiting is not None and waiting[0].status == u.status
-                self._unsynced[key] = (u, waiting[1] if waiting is not None and same else at)
-            return None
-        self._mark_written(updates, now)
-        return changes
+        if store_up:
+            try:
+                changes = self.store.set_conditions(self.node, updates, at)
+            except Exception as exc:  # down, full, read-only: the round goes on without it
+                self._store_failed(exc)
+            else:
+                self._wrote = True
+                self._mark_written(updates, now)
+                return changes
+        for u in updates:
+            # The newest word on each condition, with the time its status began.
+            key = (u.type, u.target)
+            self._written.pop(key, None)  # what the store last took is not the news now
+            waiting = self._unsynced.get(key)
+            same = waiting is not None and waiting[0].status == u.status
+            self._unsynced[key] = (u, waiting[1] if waiting is not None and same else at)
+        return None
 
     def _flush_unsynced(self) -> tuple[bool, list[Result]]:
         """Write what waited for the store, oldest first. (whether the store took it all,
         the faults the store sees as fresh in it and the checks still report: now that the
         store is back they are admitted again, and their episodes open)."""
-        if not self._unsynced:
-            return True, []
+        if self._store_down and time.monotonic() - self._store_failed_at < self.store_retry:
+            return False, []  # a store that hangs each call (a partition) costs one per retry
         faults: list[Result] = []
         for at in sorted({when for _, when in self._unsynced.values()}):
             batch = [u for u, when in self._unsynced.values() if when == at]
@@ -372,12 +380,12 @@ class HealthDaemon:
             except Exception as exc:
                 self._store_failed(exc)
                 return False, faults
+            self._wrote = True
             for u in batch:
                 del self._unsynced[(u.type, u.target)]
             self._mark_written(batch, time.monotonic())
             self._log_changes(changes)
             faults += self._still_faults(c for c in changes if c.previous_status != c.status)
-        self._store_back()
         return True, faults
 
     def _still_faults(self, changes: Iterable[ConditionChange]) -> list[Result]:
@@ -393,7 +401,7 @@ class HealthDaemon:
                     found.append(r)
         return found
 
-    def _add_event(self, at: dt.datetime, event: Result, store_up: bool) -> None:
+    def _add_event(self, at: dt.datetime, event: Result, store_up: bool) -> bool:
         record: dict[str, Any] = {
             "kind": event.check,
             "severity": SEVERITY_OF.get(event.status, Severity.INFO),
@@ -403,18 +411,21 @@ class HealthDaemon:
             "target": event.target or "",
             "evidence": dict(event.evidence),
         }
-        self._store_event(at, record, store_up)
+        return self._store_event(at, record, store_up)
 
-    def _store_event(self, at: dt.datetime, record: dict[str, Any], store_up: bool) -> None:
-        """Into the store, or the node's journal when it is down (replayed once it is back)."""
+    def _store_event(self, at: dt.datetime, record: dict[str, Any], store_up: bool) -> bool:
+        """Into the store (True), or the node's journal when it is down (replayed once it
+        is back)."""
         if store_up:
             try:
                 self.store.add_event(node=self.node, at=at, **record)
-                return
+                self._wrote = True
+                return True
             except Exception as exc:
                 self._store_failed(exc)
         keep_in_journal(self.config, at, record, self._store_down or "the store is down")
         self._journaled = True
+        return False
 
     def _replay_journal(self) -> None:
         from medic_core import journal
@@ -444,6 +455,7 @@ class HealthDaemon:
         self._journaled = done.left > 0
 
     def _store_failed(self, exc: Exception) -> None:
+        self._store_failed_at = time.monotonic()
         if self._store_down:
             return
         self._store_down = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]

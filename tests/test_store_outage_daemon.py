@@ -39,16 +39,19 @@ class SwitchedStore:
     def __init__(self, store: Store) -> None:
         self.real = store
         self.down = False
+        self.refused = 0  # calls refused while down
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.real, name)
         if not callable(attr):
             if self.down:  # the engine: a connection would fail
+                self.refused += 1
                 raise StoreDown("connection refused (the store is down)")
             return attr
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if self.down:
+                self.refused += 1
                 raise StoreDown("connection refused (the store is down)")
             return attr(*args, **kwargs)
 
@@ -78,6 +81,7 @@ def rig(tmp_path: Path) -> Iterator[tuple[HealthDaemon, SwitchedStore, Answered]
     store = SwitchedStore(real)
     try:
         daemon = HealthDaemon(config, store, CheckContext.for_root(config.paths.host_root))  # type: ignore[arg-type]
+        daemon.store_retry = 0.0  # every round tries the store again
         answered = Answered()
         daemon.on_fault = answered
         yield daemon, store, answered
@@ -208,6 +212,7 @@ def test_random_outages_the_store_converges_and_every_new_fault_is_answered(
     store = SwitchedStore(real)
     try:
         daemon = HealthDaemon(config, store, CheckContext.for_root(config.paths.host_root))  # type: ignore[arg-type]
+        daemon.store_retry = 0.0
         answers: list[int] = []
         daemon.on_fault = lambda results: answers.append(len(results))
         at, last, onsets = T0, "ok", 0
@@ -236,3 +241,32 @@ def test_the_socket_status_answers_from_memory_with_the_store_down(rig: Any) -> 
     assert (reply["rma_open"], reply["remediation_episode"]) == ([], None)
     store.down = False
     assert "store" not in api.handle({"op": "status"})
+
+
+def test_a_store_that_refused_is_tried_again_only_every_store_retry(rig: Any) -> None:
+    """A partitioned PostgreSQL makes each call wait out the connect timeout: the rounds in
+    between answer their faults without touching it."""
+    daemon, store, answered = rig
+    daemon.store_retry = 3600.0
+    # (each check's first round reads what an earlier daemon left in the store: once)
+    quiet = ok("gpu_xid", "no XID needing action")
+    daemon.record(round_of(T0, gpu_nvlink=[nvlink_ok()], gpu_xid=[quiet]))
+    store.down = True
+    daemon.record(round_of(T0 + dt.timedelta(seconds=2), gpu_nvlink=[nvlink_down()]))
+    tried = store.refused
+    assert tried >= 1
+    daemon.record(round_of(T0 + dt.timedelta(seconds=4), gpu_xid=xid_79()))
+    assert store.refused == tried  # not tried again within store_retry
+    poll("both answered", lambda: answered.count("gpu.xid.79", "2") == 1, timeout=5)
+    assert answered.count("gpu.nvlink.down", "3") == 1
+    # Rounds keep coming during the outage: they must not push the next try further away.
+    daemon.store_retry = 0.5
+    store.down = False
+    rounds = [T0 + dt.timedelta(seconds=6)]
+
+    def a_round_wrote_it() -> bool:
+        rounds.append(rounds[-1] + dt.timedelta(seconds=2))
+        daemon.record(round_of(rounds[-1], gpu_nvlink=[nvlink_down()]))
+        return stored(store, daemon.node).get(("gpu_nvlink", "3")) == "CRITICAL"
+
+    poll("the store written once the retry is due", a_round_wrote_it, timeout=10)
