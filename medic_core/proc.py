@@ -35,6 +35,7 @@ class CommandResult:
     seconds: float
     timed_out: bool = False
     start_error: str = ""
+    timeout: float | None = None  # the deadline given (a timed-out run names it, not its clock)
 
     @property
     def ok(self) -> bool:
@@ -48,6 +49,8 @@ class CommandResult:
         if self.start_error:
             return f"could not start: {self.start_error}"
         if self.timed_out:
+            if self.timeout is not None:
+                return f"timed out after {self.timeout:g}s"
             return f"timed out after {self.seconds:.1f}s"
         message = (self.stderr.strip() or self.stdout.strip()).splitlines()
         detail = message[-1] if message else "no output"
@@ -101,7 +104,9 @@ def run(
             out, err = proc.communicate(timeout=1.0)
         except subprocess.TimeoutExpired:
             out, err = "", ""
-        result = CommandResult(args, None, out or "", err or "", time.monotonic() - start, True)
+        result = CommandResult(
+            args, None, out or "", err or "", time.monotonic() - start, True, timeout=timeout
+        )
     if check and not result.ok:
         raise CommandError(result, result.describe_failure())
     return result
