@@ -396,10 +396,6 @@ def test_6_a_human_resume_is_not_undone_by_the_faults_that_caused_the_pause(
 # --- 7: the restart budget: refusals are not charged, one fault is charged once ------------
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="flaky under CI load: Slurm may place the job on n2 first (under investigation)",
-)
 def test_7_a_prolog_refusal_spends_no_restart_and_a_dbe_seen_twice_is_charged_once(
     lab: Lab, store: Store, tmp_path: Path
 ) -> None:
@@ -409,19 +405,19 @@ def test_7_a_prolog_refusal_spends_no_restart_and_a_dbe_seen_twice_is_charged_on
     # (cap 2 of 5: the prolog's drain of n1 leaves room for n2's)
     lab.start_healthd("n2", config=config(lab, tmp_path, f"{LADDER_OFF}\nmax_drained_share = 0.4"))
     others = ",".join(n for n in lab.node_names() if n not in ("n1", "n2"))
-
-    def idle(name: str) -> bool:
-        info = node_info(lab, name)
-        flags = [str(f).upper() for f in info.get("state_flags") or []]
-        return str(info.get("state", "")).upper() == "IDLE" and "DRAIN" not in flags
-
-    # Slurm picks n1 first only when n1 is free when the job is submitted (under load the
-    # lab's previous test may still be giving it back).
-    poll("n1 and n2 idle", lambda: idle("n1") and idle("n2"), timeout=30)
-    job_id, _ = running_job(lab, tmp_path, "--resilient=1", f"--exclude={others}")
+    # n1 must be the first node the job meets, whatever the load: an admin's drain (not
+    # Medic's, so outside the cap) holds n2 until the prolog on n1 has refused the job.
+    lab.slurm(["scontrol", "update", "nodename=n2", "state=drain", "reason=test: n1 first"])
+    started = tmp_path / "started-7"
+    job_id = submit(
+        lab, "--resilient=1", f"--exclude={others}", "--wrap", f"touch {started}; sleep 600"
+    )
+    poll("the prolog on n1 refused the job", lambda: drained_by_medic(lab, "n1"), timeout=60)
+    poll("the job requeued", lambda: int(job(lab, job_id)["restart_cnt"]) == 1, timeout=30)
+    lab.slurm(["scontrol", "update", "nodename=n2", "state=resume"])
+    poll(f"job {job_id} running", started.exists, timeout=60)
     first = job(lab, job_id)
     assert (first["restart_cnt"], first["batch_host"]) == (1, "n2"), first
-    assert drained_by_medic(lab, "n1")
 
     # One fault, two findings: XID 48 and the double-bit ECC error it reports.
     lab.inject("n2", 1, ["xid=48", "ecc.dbe=1"])

@@ -132,8 +132,10 @@ def test_config_check_warns_about_the_deprecated_key_and_passes(tmp_path: Path) 
 # --- the prolog against a daemon hung past the budget -------------------------------------------
 
 
-@pytest.mark.parametrize("budget", [1.0, 2.0])
-@pytest.mark.xfail(strict=False, reason="flaky under CI load at a 1 s budget (under investigation)")
+# Not below 2 s: Python's start-up and imports, which no clock can cut short, are spent from
+# the same budget, and on this loaded 2-core machine they alone took over 1 s (a 1 s budget
+# overshot by that in CI, docs/operator-guide.md "The launch budget").
+@pytest.mark.parametrize("budget", [2.0, 4.0])
 def test_front_and_prolog_return_within_the_budget_with_a_hung_daemon(
     tmp_path: Path, hung: HungDaemon, budget: float
 ) -> None:
