@@ -79,8 +79,22 @@ class GpuPlumbing:
     def extend(self, ctx: CheckContext) -> CheckContext:
         return dataclasses.replace(ctx, nvml=GpuContext(self.client, self.xids, self.jobs))
 
+    def release(self) -> None:
+        """Before a GPU reset or a driver reload (the ladder): no NVML handle of ours may stay
+        open, so the listener stops, NVML is shut down and kept shut (the GPU checks say
+        UNKNOWN meanwhile), and the watchdog stops judging the listener until reacquire()."""
+        self.client.hold_closed("NVML released for a repair in progress")
+        self.stop()
+        self.listener = None
+
+    def reacquire(self) -> None:
+        """After the repair, whatever its outcome: handles and event registrations from
+        before it are stale, so NVML opens afresh and a new listener starts."""
+        self.client.hold_closed("")
+        self.restart()
+
     def restart(self) -> None:
-        """After a driver reload: NVML handles and event registrations are stale."""
+        """NVML afresh: handles and event registrations are stale."""
         if self.listener is not None:
             self.listener.stop()
         self.client.close()

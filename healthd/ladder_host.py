@@ -68,13 +68,17 @@ class DaemonLadderHost:
         except Exception:  # cannot tell: let the reset itself refuse if it must
             return False
 
+    def release_gpus(self) -> None:
+        if self.daemon.gpu is not None:
+            self.daemon.gpu.release()
+
+    def reacquire_gpus(self) -> None:
+        if self.daemon.gpu is not None:
+            self.daemon.gpu.reacquire()
+
     def after_repair(self, gpu: int | None, before: float) -> None:
-        plumbing = self.daemon.gpu
-        if plumbing is None:
-            return
-        plumbing.xids.clear(gpu, before=before)
-        if gpu is None:  # a driver reload: handles and event registrations are gone
-            plumbing.restart()
+        if self.daemon.gpu is not None:
+            self.daemon.gpu.xids.clear(gpu, before=before)
 
     def verify(self, extra_checks: Sequence[str]) -> list[Finding]:
         from healthd.results import result_json

@@ -443,6 +443,7 @@ class PynvmlClient:
         self._streaks: dict[int, _Streak] = {}
         self._info: dict[int, GpuInfo] = {}
         self._handle_index: dict[int, int] = {}  # device handle address -> index (events)
+        self._held = ""  # why NVML must stay shut ("": it may open)
 
     # -- lifecycle
 
@@ -472,11 +473,18 @@ class PynvmlClient:
                 raise NvmlUnavailable("import pynvml", None, str(exc)) from exc
         return self._nv
 
+    def hold_closed(self, why: str) -> None:
+        """While `why` is set, NVML is not initialised again: a call fails as unavailable
+        with that reason (a repair needs every handle of ours shut). "" lifts the hold."""
+        self._held = why
+
     def _ensure_open(self) -> ModuleType:
         nv = self._module()
         if self._opened:
             return nv
         with self._init_lock:
+            if self._held:  # under the lock: close() for a repair waits for an init under way
+                raise NvmlUnavailable("nvmlInit", None, self._held)
             if not self._opened:
                 self._run("nvmlInit", None, nv.nvmlInit, self.init_timeout)
                 self._opened = True

@@ -229,5 +229,10 @@ class SocketApi:
                 "socket_group %r does not exist: socket %s is root-only", group, socket_path
             )
             return
-        os.chown(socket_path, -1, gid)
-        os.chmod(socket_path, 0o660)
+        try:
+            os.chown(socket_path, -1, gid)
+            os.chmod(socket_path, 0o660)
+        except OSError as exc:  # e.g. a sandbox without CAP_CHOWN
+            log.error(
+                "socket %s stays root-only: cannot give it to group %r: %s", socket_path, group, exc
+            )

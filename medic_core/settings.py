@@ -209,12 +209,14 @@ class RemediationSettings:
             doc='override by fault class prefix, e.g. {"gpu.xid.79" = "reboot"}',
         ),
     )
+    # Outside medic-healthd's sandbox: systemd runs medic-repair (remediation/repair.py) as
+    # an instance of the shipped template medic-repair@.service.
     gpu_reset: tuple[str, ...] = setting(
-        ("/usr/bin/nvidia-smi", "--gpu-reset", "-i", "{gpu}"),
+        ("/usr/bin/systemctl", "start", "medic-repair@gpu-reset-{gpu}.service"),
         doc="argv of a GPU reset; {gpu} is the NVML index, {node} the node",
     )
     driver_reload: tuple[str, ...] = setting(
-        ("/usr/local/sbin/medic-driver-reload",),
+        ("/usr/bin/systemctl", "start", "medic-repair@driver-reload.service"),
         doc="argv that stops the driver's users, reloads the modules and starts them again",
     )
     requalify_checks: tuple[str, ...] = setting(

@@ -75,10 +75,16 @@ class LadderHost(Protocol):
 
     def gpu_busy(self, gpu: int) -> bool: ...
 
+    def release_gpus(self) -> None:
+        """Let go of NVML before a GPU reset or a driver reload: a client of the GPU (this
+        daemon) makes `nvidia-smi --gpu-reset` refuse and the module unload fail."""
+
+    def reacquire_gpus(self) -> None:
+        """Open NVML again after the repair, whatever its outcome."""
+
     def after_repair(self, gpu: int | None, before: float) -> None:
         """Forget what the repair cleared (XIDs of `gpu`, or of all for None, buffered before
-        the monotonic time `before`: one that recurs during the repair still counts) and
-        reopen NVML after a driver reload."""
+        the monotonic time `before`: one that recurs during the repair still counts)."""
 
     def verify(self, extra_checks: Sequence[str]) -> list[Finding]: ...
 
@@ -496,7 +502,11 @@ class Ladder:
             argv = [a.format(node=self.node) for a in self.settings.driver_reload]
         step = self.store.record_intent(episode, rung, rung.word, argv, self.host.boot_id())
         started = time.monotonic()
-        result = proc.run(argv, timeout=self.settings.action_timeout)
+        self.host.release_gpus()
+        try:
+            result = proc.run(argv, timeout=self.settings.action_timeout)
+        finally:
+            self.host.reacquire_gpus()
         state = "done" if result.ok else "failed"
         self.store.finish_step(step.id, state, result.returncode, result.tail())
         self.host.event(

@@ -412,6 +412,12 @@ class QuietHost:
     def gpu_busy(self, gpu: int) -> bool:
         return False
 
+    def release_gpus(self) -> None:
+        pass
+
+    def reacquire_gpus(self) -> None:
+        pass
+
     def after_repair(self, gpu: int | None, before: float) -> None:
         pass
 

@@ -9,7 +9,7 @@ import re
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -206,12 +206,17 @@ slurmd_spool_dir = "{tmp_path / "spool"}"
     return path
 
 
-def start_daemon(tmp_path: Path, config: Path, env: dict[str, str] | None = None) -> int:
+def start_daemon(
+    tmp_path: Path, config: Path, env: dict[str, str] | None = None, prefix: Sequence[str] = ()
+) -> int:
+    """The real medic-healthd (`prefix`: what runs it, e.g. a sandbox), once it answers."""
     venv_bin = Path(os.sys.executable).parent  # type: ignore[attr-defined]
     full_env = {**os.environ, "MEDIC_CONFIG": str(config), "MEDIC_NODE_NAME": "plain1"}
     full_env.update(env or {})
     pid = proc.spawn(
-        [str(venv_bin / "medic-healthd")], log_path=tmp_path / "healthd.log", env=full_env
+        [*prefix, str(venv_bin / "medic-healthd")],
+        log_path=tmp_path / "healthd.log",
+        env=full_env,
     )
 
     def answers() -> bool:

@@ -61,11 +61,15 @@ def protected_by_the_unit(point: Path) -> bool:
     return not any(point == w or w in point.parents for w in writable)
 
 
+def unit_capabilities() -> list[str]:
+    return unit_settings(UNIT)["CapabilityBoundingSet"]
+
+
 def can_sandbox() -> str:
     if os.geteuid() != 0:
         return "needs root (mount namespaces and tmpfs)"
-    if shutil.which("unshare") is None:
-        return "needs unshare (util-linux)"
+    if shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        return "needs unshare and setpriv (util-linux)"
     return ""
 
 
@@ -107,7 +111,11 @@ def run_in_the_units_sandbox(root: Path, point: Path) -> list[list[Any]]:
     remount = (
         f"mount -o remount,bind,ro {point} {point} && " if protected_by_the_unit(point) else ""
     )
-    probe = shlex.join([sys.executable, "-c", PROBE, str(root), str(point)])
+    # ...and with only the unit's capabilities (CapabilityBoundingSet=): looking through
+    # /proc/1/root takes CAP_SYS_PTRACE, writing a probe into others' directories more.
+    caps = ",".join(["-all", *("+" + c.removeprefix("CAP_").lower() for c in unit_capabilities())])
+    sandbox = ["setpriv", f"--bounding-set={caps}", "--no-new-privs", "--"]
+    probe = shlex.join([*sandbox, sys.executable, "-c", PROBE, str(root), str(point)])
     done = proc.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", remount + probe],
         env={**os.environ, "PYTHONPATH": str(REPO)},

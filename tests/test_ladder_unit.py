@@ -347,6 +347,7 @@ class FakeNode:
         self.outcomes: list[str] = []  # of the next repair commands: ok, fail, hang
         self.commands: list[tuple[tuple[str, ...], int]] = []  # argv, the step it ran for
         self.repaired: list[tuple[int | None, float]] = []
+        self.nvml_open = True  # the daemon's NVML session (released around every repair)
         self.verifications = 0
         self.events: list[HostEvent] = []
         self.rma: list[tuple[int, str]] = []
@@ -362,7 +363,16 @@ class FakeNode:
     def gpu_busy(self, gpu: int) -> bool:
         return gpu in self.busy_gpus
 
+    def release_gpus(self) -> None:
+        assert self.nvml_open, "released twice"
+        self.nvml_open = False
+
+    def reacquire_gpus(self) -> None:
+        assert not self.nvml_open, "reacquired without a release"
+        self.nvml_open = True
+
     def after_repair(self, gpu: int | None, before: float) -> None:
+        assert self.nvml_open
         self.repaired.append((gpu, before))
 
     def verify(self, extra_checks: Sequence[str]) -> list[Finding]:
@@ -387,6 +397,8 @@ class FakeNode:
     def run(self, argv: tuple[str, ...], timeout: float) -> CommandResult:
         steps = self.world.episodes.steps(self.world.last(self.name).id)
         assert steps and steps[-1].state == "intent", "a command without its intent"
+        # A client of the GPU (the daemon's NVML) makes a reset refuse, an unload fail.
+        assert not self.nvml_open, "a repair run with the daemon's NVML still open"
         self.commands.append((argv, steps[-1].id))
         outcome = self.outcomes.pop(0) if self.outcomes else "ok"
         if outcome == "hang":
@@ -586,6 +598,7 @@ def assert_repaired_once(world: World, node: str, episode: ep.Episode) -> None:
     assert all(s.state != "intent" for s in steps), [(s.action, s.state) for s in steps]
     ran_for = [step for _, step in host.commands]
     assert len(ran_for) == len(set(ran_for)), "a command ran twice for one intent"
+    assert host.nvml_open, "NVML left released after a repair"
     assert len(world.slurm.called("reboot", node)) == host.reboots <= 1
     assert not host.findings
 

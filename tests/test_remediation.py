@@ -233,6 +233,12 @@ class LabHost:
     def gpu_busy(self, gpu: int) -> bool:
         return False
 
+    def release_gpus(self) -> None:
+        pass
+
+    def reacquire_gpus(self) -> None:
+        pass
+
     def after_repair(self, gpu: int | None, before: float) -> None:
         pass
 

@@ -4,7 +4,9 @@ READY=1 around a reload) on a real AF_UNIX datagram socket."""
 
 from __future__ import annotations
 
+import grp
 import logging
+import os
 import re
 import shutil
 import socket
@@ -17,6 +19,7 @@ from typing import Any
 import pytest
 
 from healthd import logs, sdnotify
+from healthd.api import ask
 from healthd.checks.base import CheckContext, Status, fault, ok
 from healthd.daemon import EXIT_CONFIG, HealthDaemon, main
 from healthd.watchdog import Heartbeat
@@ -24,7 +27,7 @@ from medic_core import proc
 from medic_core.config import load_config
 from medic_core.store import open_configured_store
 from tests.conftest import poll
-from tests.test_daemon import plain_config
+from tests.test_daemon import plain_config, start_daemon, stop_daemon
 
 SYSTEMD = Path(__file__).parent.parent / "systemd"
 UNIT = SYSTEMD / "medic-healthd.service"
@@ -283,3 +286,60 @@ def test_a_failing_status_line_costs_one_line_not_the_thread(
     finally:
         reporter.stop(timeout=5)
     assert "STATUS= line failed" in caplog.text
+
+
+# --- the unit's sandbox: scored, and the daemon within it -------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_systemd_analyze_security_rates_the_unit_at_most_4() -> None:
+    """Hardening issue: from 7.6 EXPOSED to at most 4.0 (`--offline`: no running systemd
+    here; the score comes from the unit file alone, as on a node)."""
+    done = proc.run(
+        ["systemd-analyze", "security", "--offline=true", "--no-pager", str(UNIT)], timeout=60
+    )
+    found = re.search(r"Overall exposure level for \S+: ([0-9.]+)", done.stdout)
+    assert found, done.stdout[-2000:] + done.stderr
+    assert float(found.group(1)) <= 4.0, done.stdout[-3000:]
+
+
+def unit_capabilities() -> list[str]:
+    [caps] = unit_lines(UNIT)["Service"]["CapabilityBoundingSet"]
+    return caps.split()
+
+
+@pytest.mark.skipif(
+    shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root and setpriv"
+)
+def test_the_daemon_works_with_only_the_units_capabilities_umask_and_no_new_privs(
+    tmp_path: Path,
+) -> None:
+    """medic-healthd as the unit starts it: the bounding set of CapabilityBoundingSet=,
+    NoNewPrivileges=, UMask=. It answers, shares its socket with the group (a chown that
+    needs CAP_CHOWN), runs its checks, and keeps its store to root."""
+    service = unit_lines(UNIT)["Service"]
+    assert service["NoNewPrivileges"] == ["yes"] and service["UMask"] == ["0077"]
+    group = grp.getgrgid(65534).gr_name  # nogroup: any group root is not in
+    caps = ",".join(["-all", *("+" + c.removeprefix("CAP_").lower() for c in unit_capabilities())])
+    prefix = ["setpriv", f"--bounding-set={caps}", "--no-new-privs", "--"]
+    prefix = ["sh", "-c", 'umask 0077 && exec "$@"', "sandbox", *prefix]
+    config = plain_config(tmp_path, '[checks.filesystems]\nrequired_mounts = ["/"]\n')
+    config.write_text(config.read_text().replace('socket_group = ""', f'socket_group = "{group}"'))
+    pid = start_daemon(tmp_path, config, prefix=prefix)
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        bounding = int(re.search(r"CapBnd:\s*([0-9a-f]+)", status).group(1), 16)  # type: ignore[union-attr]
+        assert bin(bounding).count("1") == len(unit_capabilities())  # the sandbox holds
+        sock = tmp_path / "healthd.sock"
+        assert (sock.stat().st_mode & 0o777, grp.getgrgid(sock.stat().st_gid).gr_name) == (
+            0o660,
+            group,
+        )
+        reply = ask(sock, {"op": "check", "checks": ["cpus", "memory", "filesystems"]}, timeout=30)
+        statuses = {r["check"]: r["status"] for r in reply["results"]}
+        assert statuses == {"cpus": "OK", "memory": "OK", "filesystems": "OK"}, reply
+        stored = [p for p in (tmp_path / "state").rglob("*") if p.is_file()]
+        assert stored and all(p.stat().st_mode & 0o077 == 0 for p in stored), stored
+    finally:
+        stop_daemon(pid, tmp_path / "healthd.log")
+    assert "Traceback" not in (tmp_path / "healthd.log").read_text()

@@ -574,6 +574,12 @@ class _SweepLadderHost:
     def gpu_busy(self, gpu: int) -> bool:
         return bool(self._not_here())
 
+    def release_gpus(self) -> None:
+        self._not_here()
+
+    def reacquire_gpus(self) -> None:
+        self._not_here()
+
     def after_repair(self, gpu: int | None, before: float) -> None:
         self._not_here()
 
