@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from healthd.checks import load_check_configs, registry
+from healthd.checks import load_check_configs, registry, specs_for
 from healthd.checks.base import CheckConfig
 from healthd.checks.reference import DOC_PATH, ordered_tiers, render_reference, write_reference
 from medic_core.config import ConfigError, load_config
@@ -37,10 +37,11 @@ def _configs(path: Path | None) -> dict[str, CheckConfig]:
 )
 @click.option("--json", "as_json", is_flag=True, help="one JSON array instead of a table")
 def list_checks(config_path: Path | None, as_json: bool) -> None:
-    """Every registered check: tiers, interval, timeout, needs, enabled."""
+    """Every registered check (and, with --config, its site command checks): tiers,
+    interval, timeout, needs, enabled."""
     configs = _configs(config_path)
     rows: list[dict[str, Any]] = []
-    for spec in registry():
+    for spec in specs_for(configs):
         cfg = configs[spec.name]
         rows.append(
             {

@@ -196,8 +196,10 @@ class HealthDaemon:
     # ---- running checks ----------------------------------------------------------------
 
     def _interval(self, name: str) -> float:
-        spec = self.checks.specs[name]
-        base = spec.interval_for(self.checks.configs[name])
+        spec, cfg = self.checks.specs.get(name), self.checks.configs.get(name)
+        if spec is None or cfg is None:  # a site command check a reload just removed
+            return float(self.settings.prune_every)
+        base = spec.interval_for(cfg)
         jitter = self.settings.jitter
         return float(base * (1 + random.uniform(-jitter, jitter)))
 

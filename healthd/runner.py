@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from healthd.checks import registry
+from healthd.checks import specs_for
 from healthd.checks.base import (
     Check,
     CheckConfig,
@@ -104,7 +104,10 @@ class Runner:
         specs: Iterable[CheckSpec] | None = None,
     ) -> None:
         self.ctx = ctx
-        self.specs = {s.name: s for s in (registry() if specs is None else specs)}
+        # Without `specs`: the registry's checks and the site's command checks of `configs`
+        # (those follow the configuration: `reconfigure` adds and drops them).
+        self._follow_configs = specs is None
+        self.specs = {s.name: s for s in (specs_for(configs or {}) if specs is None else specs)}
         self.configs = {
             name: (configs or {}).get(name) or spec.default_config()
             for name, spec in self.specs.items()
@@ -118,24 +121,39 @@ class Runner:
         """New per-check configuration; the check instances (their between-run state, such
         as the kernel log position) and the hung-check bookkeeping stay. It does not wait
         for a run in progress (a reload during an hour-long deep run takes effect at once):
-        that run goes on with the configuration it started with, the next one has the new."""
+        that run goes on with the configuration it started with, the next one has the new.
+        A site command check added to the file starts (a fresh instance), one removed stops,
+        one whose table changed gets its new spec (tiers, description)."""
+        specs = self.specs
+        if self._follow_configs:
+            specs = {s.name: s for s in specs_for(configs)}
+            checks = {
+                name: self._checks[name]
+                if name in self._checks and self.specs.get(name) == spec
+                else spec.create()
+                for name, spec in specs.items()
+            }
+            self._checks = checks
         self.configs = {
-            name: configs.get(name) or spec.default_config() for name, spec in self.specs.items()
+            name: configs.get(name) or spec.default_config() for name, spec in specs.items()
         }
+        self.specs = specs
 
     def selected(self, names: Collection[str] | None = None, tier: Tier | None = None) -> list[str]:
         """Enabled checks this node runs, optionally only `names` and only those in `tier`."""
+        specs, configs = self.specs, self.configs
         if names is not None:
-            unknown = set(names) - set(self.specs)
+            unknown = set(names) - set(specs)
             if unknown:
                 raise KeyError(f"unknown checks: {', '.join(sorted(unknown))}")
         return [
             name
-            for name, spec in self.specs.items()
+            for name, spec in specs.items()
             if (names is None or name in names)
             and (tier is None or tier in spec.tiers)
-            and self.configs[name].enabled
-            and not self.not_here(name)
+            and name in configs
+            and configs[name].enabled
+            and not (self.ctx.gpu_skip and spec.is_gpu_check)
         ]
 
     def not_here(self, name: str) -> str:
@@ -178,14 +196,16 @@ class Runner:
     def _run(self, names: list[str], budget: float | None) -> RunReport:
         started_wall = self.ctx.clock.now()
         start = time.monotonic()
-        configs = self.configs  # this run's, whatever a reload swaps in meanwhile
+        # This run's specs, configs and instances, whatever a reload swaps in meanwhile.
+        specs, configs, instances = self.specs, self.configs, self._checks
+        names = [n for n in names if n in specs and n in configs and n in instances]
         with self._hung_lock:
             self._reap()
             hung_now = dict(self._hung)
         outcomes: dict[str, CheckOutcome] = {}
         running: dict[str, tuple[threading.Thread, _Slot, float, float]] = {}
         for name in names:
-            spec, cfg = self.specs[name], configs[name]
+            spec, cfg = specs[name], configs[name]
             missing = [need for need in spec.needs if not self.ctx.provides(need)]
             if missing:
                 result = _unknown(
@@ -214,7 +234,7 @@ class Runner:
             slot = _Slot()
             thread = threading.Thread(
                 target=self._work,
-                args=(self._checks[name], cfg, slot),
+                args=(instances[name], cfg, slot),
                 name=f"check-{name}",
                 daemon=True,
             )

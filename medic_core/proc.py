@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 TAIL_CHARS = 4000
 
@@ -36,6 +38,7 @@ class CommandResult:
     timed_out: bool = False
     start_error: str = ""
     timeout: float | None = None  # the deadline given (a timed-out run names it, not its clock)
+    dropped: int = 0  # bytes of output read and thrown away past run_capped's limit
 
     @property
     def ok(self) -> bool:
@@ -57,7 +60,7 @@ class CommandResult:
         return f"exit {self.returncode}: {detail}"
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
+def _kill_group(proc: subprocess.Popen[Any]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
 
@@ -110,6 +113,83 @@ def run(
     if check and not result.ok:
         raise CommandError(result, result.describe_failure())
     return result
+
+
+def run_capped(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    limit: int,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> CommandResult:
+    """`run` for a command whose output is not ours to trust (a site's own check): at most
+    `limit` bytes of stdout and of stderr are kept (the first ones; the rest is read and
+    counted in `dropped`, so the command never blocks on a full pipe), decoded as UTF-8 with
+    bad bytes as U+FFFD. At `timeout` seconds the whole process group is killed, whether the
+    command is still writing, silent, or has exited with a child holding its pipes open."""
+    args = tuple(str(a) for a in argv)
+    start = time.monotonic()
+    deadline = start + timeout
+    try:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return CommandResult(args, None, "", "", time.monotonic() - start, start_error=str(exc))
+    assert proc.stdout is not None and proc.stderr is not None
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    kept = {out_fd: bytearray(), err_fd: bytearray()}
+    dropped = 0
+    timed_out = False
+    returncode: int | None = None
+    try:
+        with selectors.DefaultSelector() as selector:
+            for fd in kept:
+                selector.register(fd, selectors.EVENT_READ)
+            while selector.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    break
+                for key, _ in selector.select(left):
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        selector.unregister(key.fd)
+                        continue
+                    buf = kept[key.fd]
+                    room = max(0, limit - len(buf))
+                    buf += chunk[:room]
+                    dropped += max(0, len(chunk) - room)
+        if not timed_out:
+            try:
+                returncode = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        if timed_out:
+            _kill_group(proc)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1.0)  # a process in uninterruptible sleep is left behind
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
+    out, err = bytes(kept[out_fd]), bytes(kept[err_fd])
+    return CommandResult(
+        args,
+        returncode,
+        out.decode("utf-8", errors="replace"),
+        err.decode("utf-8", errors="replace"),
+        time.monotonic() - start,
+        timed_out,
+        timeout=timeout if timed_out else None,
+        dropped=dropped,
+    )
 
 
 def spawn(

@@ -1,6 +1,11 @@
 """healthd's checks. Every module in this package that does not start with "_" (and is not
 `base`) is a check module; importing it registers its check, and `registry()` imports them
-all with pkgutil, so adding a check is adding a file."""
+all with pkgutil, so adding a check is adding a file.
+
+A site adds checks without touching this package: Python checks through the `medic.checks`
+entry-point group (healthd.checks.site, loaded by `registry()`), and command checks as
+`[checks.command.<name>]` tables (healthd.checks.command; `specs_for` adds them to the
+registered checks for a runner)."""
 
 from __future__ import annotations
 
@@ -32,6 +37,10 @@ from healthd.checks.base import (
     setting,
     worst,
 )
+from healthd.checks.command import NAME_RE as COMMAND_NAME
+from healthd.checks.command import PREFIX as COMMAND_PREFIX
+from healthd.checks.command import TABLE as COMMAND_TABLE
+from healthd.checks.command import CommandCheckConfig, command_spec
 from medic_core.config import ConfigError, MedicConfig
 
 __all__ = [
@@ -56,10 +65,11 @@ __all__ = [
     "registry",
     "remediation_for",
     "setting",
+    "specs_for",
     "worst",
 ]
 
-_NOT_CHECKS = frozenset({"base", "reference"})
+_NOT_CHECKS = frozenset({"base", "reference", "command", "site"})
 
 
 def discover() -> None:
@@ -70,10 +80,51 @@ def discover() -> None:
         importlib.import_module(f"{__name__}.{info.name}")
 
 
-def registry() -> tuple[CheckSpec, ...]:
-    """Every check: name, tiers, interval, timeout, needs, description, config type."""
+def registry(site: bool = True) -> tuple[CheckSpec, ...]:
+    """Every check: name, tiers, interval, timeout, needs, description, config type; with
+    `site`, the site's entry-point checks too (loaded on the first call)."""
     discover()
+    if site:
+        from healthd.checks.site import load_site_checks
+
+        load_site_checks()
     return registered()
+
+
+def specs_for(configs: Mapping[str, CheckConfig]) -> tuple[CheckSpec, ...]:
+    """The checks a runner with these configs runs: the registry's, and one per site
+    command table (`command.<name>`, its spec built from its table)."""
+    commands = [
+        command_spec(name, cfg)
+        for name, cfg in sorted(configs.items())
+        if isinstance(cfg, CommandCheckConfig)
+    ]
+    return (*registry(), *commands)
+
+
+def _command_configs(table: Any, source: Any) -> dict[str, CheckConfig]:
+    """`[checks.command.<name>]` tables, each parsed and checked (ConfigError names the
+    file, the table, the key and the fix)."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(
+            source, f"checks.{COMMAND_TABLE}", "expected a table", "write [checks.command.<name>]"
+        )
+    configs: dict[str, CheckConfig] = {}
+    for name, sub in table.items():
+        where = f"checks.{COMMAND_TABLE}.{name}"
+        if not COMMAND_NAME.match(name):
+            raise ConfigError(
+                source,
+                where,
+                "a command check's name must be 1-64 of a-z, 0-9 and _",
+                "rename the table, e.g. [checks.command.gpfs_state]",
+            )
+        if not isinstance(sub, Mapping):
+            raise ConfigError(source, where, "expected a table", f"write [{where}]")
+        configs[COMMAND_PREFIX + name] = parse_check_config(
+            CommandCheckConfig, sub, prefix=where, source=source
+        )
+    return configs
 
 
 def get(name: str) -> CheckSpec:
@@ -84,7 +135,8 @@ def get(name: str) -> CheckSpec:
 
 
 def load_check_configs(config: MedicConfig) -> dict[str, CheckConfig]:
-    """Each check's config from the `[checks.<name>]` tables, defaults for the rest; on a
+    """Each check's config from the `[checks.<name>]` tables, defaults for the rest, and one
+    per `[checks.command.<name>]` table (keyed `command.<name>`); on a
     node declared a CPU node (`[healthd] gpus = "none"`) without what only a GPU node has
     (`CheckConfig.for_cpu_node`: the services check's GPU daemons)."""
     from medic_core.settings import DaemonSettings
@@ -95,6 +147,8 @@ def load_check_configs(config: MedicConfig) -> dict[str, CheckConfig]:
     if not isinstance(table, Mapping):
         raise ConfigError(config.source, "checks", "expected a table", "write [checks.<name>]")
     for name, sub in table.items():
+        if name == COMMAND_TABLE and name not in specs:
+            continue
         if name not in specs:
             raise ConfigError(
                 config.source,
@@ -112,6 +166,8 @@ def load_check_configs(config: MedicConfig) -> dict[str, CheckConfig]:
         )
         for name, spec in specs.items()
     }
+    if COMMAND_TABLE not in specs:
+        configs.update(_command_configs(table.get(COMMAND_TABLE, {}), config.source))
     if cpu_node:
         configs = {name: cfg.for_cpu_node() for name, cfg in configs.items()}
     return configs

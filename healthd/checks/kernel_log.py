@@ -1,24 +1,30 @@
 """The kernel log: new /dev/kmsg records since the last run, matched against the rules in
 kernel_log_rules.json (data, validated when this module is imported, so a bad rule stops
-the daemon at start-up rather than silently never matching).
+the daemon at start-up rather than silently never matching) and the site's own rules,
+`[[checks.kernel_log.rules]]` in medic.toml (validated with the rest of the file: a bad
+regex refuses the whole file, one line naming the rule and the key).
 
 NVIDIA XID lines are not matched here; the GPU checks own them (through healthd.kmsg)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
 from typing import Any
 
 from healthd.checks.base import (
+    RECOMMENDATION_WORDS,
     Check,
     CheckConfig,
     CheckContext,
     Fault,
     Kind,
+    Recommendation,
     Result,
     Status,
     Tier,
@@ -52,6 +58,8 @@ class Rule:
     source: str
     match: tuple[str, ...]
     no_match: tuple[str, ...]
+    # A site rule's own recommendation; None: REMEDIATIONS by fault class (kernel.* -> none).
+    recommendation: Recommendation | None = None
 
     def matches(self, message: str) -> bool:
         return self.pattern.search(message) is not None
@@ -131,16 +139,101 @@ SHIPPED_RULES = parse_rules(
 )
 
 
+SITE_REQUIRED = ("name", "pattern", "fault_class", "status", "description")
+SITE_OPTIONAL = ("recommendation", "match")
+
+
+def site_rule_problems(index: int, raw: Mapping[str, str]) -> Iterator[tuple[str, str, str]]:
+    """What is wrong with one `[[checks.kernel_log.rules]]` table, as (key, problem, fix)."""
+    key = f"rules[{index}]"
+    missing = [k for k in SITE_REQUIRED if not raw.get(k)]
+    if missing:
+        yield (
+            f"{key}.{missing[0]}",
+            "missing or empty",
+            f"every site rule sets {', '.join(SITE_REQUIRED)}",
+        )
+        return
+    unknown = sorted(set(raw) - set(SITE_REQUIRED) - set(SITE_OPTIONAL))
+    if unknown:
+        allowed = ", ".join((*SITE_REQUIRED, *SITE_OPTIONAL))
+        yield f"{key}.{unknown[0]}", "unknown key", f"use only {allowed}"
+    if raw["name"] in SHIPPED_NAMES:
+        yield f"{key}.name", f"{raw['name']!r} is a shipped rule", "give the site rule its own name"
+    try:
+        pattern = re.compile(raw["pattern"])
+    except re.error as exc:
+        yield f"{key}.pattern", f"not a valid regular expression: {exc}", "fix the pattern"
+        return
+    fault_class = raw["fault_class"]
+    if not (_FAULT_CLASS.match(fault_class) and fault_class.startswith("kernel.")):
+        yield (
+            f"{key}.fault_class",
+            f"{fault_class!r} is not a dotted lower-case class under kernel.",
+            'e.g. "kernel.site.gpfs_expel"',
+        )
+    if raw["status"] not in {s.value for s in RULE_STATUSES}:
+        yield f"{key}.status", f"{raw['status']!r} is not allowed", "use WARN or CRITICAL"
+    word = raw.get("recommendation")
+    if word is not None and word not in RECOMMENDATION_WORDS:
+        yield (
+            f"{key}.recommendation",
+            f"{word!r} is not a recommendation",
+            f"use one of: {', '.join(RECOMMENDATION_WORDS)}",
+        )
+    sample = raw.get("match")
+    if sample is not None and pattern.search(sample) is None:
+        yield f"{key}.match", f"the pattern does not match its sample {sample!r}", "fix either"
+
+
+def site_rule(raw: Mapping[str, str]) -> Rule:
+    """A site rule already checked by `site_rule_problems`."""
+    word = raw.get("recommendation")
+    return Rule(
+        name=raw["name"],
+        pattern=re.compile(raw["pattern"]),
+        fault_class=raw["fault_class"],
+        status=Status(raw["status"]),
+        description=raw["description"],
+        source="site rule ([[checks.kernel_log.rules]])",
+        match=(raw["match"],) if "match" in raw else (),
+        no_match=(),
+        recommendation=Recommendation(word) if word else None,
+    )
+
+
+SHIPPED_NAMES = frozenset(r.name for r in SHIPPED_RULES)
+
+
 @dataclass(frozen=True, kw_only=True)
 class KernelLogConfig(CheckConfig):
     disabled_rules: tuple[str, ...] = setting(
         (), choices=tuple(r.name for r in SHIPPED_RULES), doc="rule names to ignore"
+    )
+    rules: tuple[dict[str, str], ...] = setting(
+        (),
+        doc="site rules added to the shipped ones ([[checks.kernel_log.rules]]: name, pattern,"
+        " fault_class under kernel., status WARN or CRITICAL, description; optional"
+        " recommendation and a sample line `match`)",
     )
     start_at: str = setting(
         "beginning",
         choices=("beginning", "end"),
         doc="first run: read the whole ring buffer (since boot) or only what comes next",
     )
+
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        names: set[str] = set()
+        for index, raw in enumerate(self.rules):
+            yield from site_rule_problems(index, raw)
+            if raw.get("name") in names:
+                yield f"rules[{index}].name", f"{raw['name']!r} is used twice", "rename one"
+            names.add(raw.get("name", ""))
+
+    @cached_property
+    def site_rules(self) -> tuple[Rule, ...]:
+        """The site's rules, compiled (the table was checked when it was parsed)."""
+        return tuple(site_rule(raw) for raw in self.rules)
 
 
 @dataclass(frozen=True)
@@ -189,7 +282,8 @@ class KernelLogCheck(Check[KernelLogObservation, KernelLogConfig]):
         self._ran, self._last_seq = True, batch.last_seq
         if first_run and cfg.start_at == "end":
             batch = KmsgBatch((), batch.last_seq, 0, batch.malformed, False)
-        rules = tuple(r for r in SHIPPED_RULES if r.name not in cfg.disabled_rules)
+        shipped = tuple(r for r in SHIPPED_RULES if r.name not in cfg.disabled_rules)
+        rules = shipped + cfg.site_rules
         return KernelLogObservation(batch, rules, first_run)
 
     @staticmethod
@@ -201,23 +295,24 @@ class KernelLogCheck(Check[KernelLogObservation, KernelLogConfig]):
             rule = by_rule[name]
             last = records[-1]
             count = f"{len(records)}x " if len(records) > 1 else ""
-            results.append(
-                fault(
-                    NAME,
-                    rule.status,
-                    rule.fault_class,
-                    f"{count}{rule.description}: {last.message}",
-                    evidence={
-                        "rule": rule.name,
-                        "count": len(records),
-                        "first_seq": records[0].seq,
-                        "last_seq": last.seq,
-                        "samples": [r.message for r in records[:SAMPLES_PER_RULE]],
-                        "lost": batch.lost,
-                    },
-                    kind=Kind.EVENT,
-                )
+            found = fault(
+                NAME,
+                rule.status,
+                rule.fault_class,
+                f"{count}{rule.description}: {last.message}",
+                evidence={
+                    "rule": rule.name,
+                    "count": len(records),
+                    "first_seq": records[0].seq,
+                    "last_seq": last.seq,
+                    "samples": [r.message for r in records[:SAMPLES_PER_RULE]],
+                    "lost": batch.lost,
+                },
+                kind=Kind.EVENT,
             )
+            if rule.recommendation is not None:
+                found = dataclasses.replace(found, remediation=rule.recommendation)
+            results.append(found)
         if not results:
             results.append(
                 ok(
