@@ -13,7 +13,9 @@ import grp
 import json
 import logging
 import os
+import socket
 import socketserver
+import struct
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -32,10 +34,25 @@ from remediation.episodes import EpisodeStore
 log = logging.getLogger("medic.healthd")
 
 SOCKET_OPS = ("ping", "status", "launch", "check", "job_end", "job_summary", "event", "metrics")
+# Who may ask what. root: every op. Anyone else the socket lets in (socket_group: SlurmdUser's
+# group, for hooks slurmd does not run as root): what the hooks send. "check" runs any check
+# the caller names, the deep tier included (an hour of GPU burn-in): root only.
+ROOT_ONLY_OPS = frozenset({"check"})
 # Hooks, the health check and the CLI: a few at a time. A client must send its request line
 # within SOCKET_IDLE seconds of connecting (then the op may take as long as it needs); one
 # more than SOCKET_MAX is told "busy" and closed.
 SOCKET_MAX, SOCKET_IDLE = 64, 5.0
+
+
+def peer_uid(connection: socket.socket) -> int:
+    """The connecting process's user id, from the kernel (SO_PEERCRED), not from anything
+    it says; -1 (no rights beyond the socket's) if the kernel does not tell."""
+    try:
+        raw = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return -1
+    _pid, uid, _gid = struct.unpack("3i", raw)
+    return int(uid)
 
 
 class SocketHost(Protocol):
@@ -77,9 +94,13 @@ class SocketApi:
         self.gate = gate
         self.episodes = episodes  # the remediation episodes, for "status"
 
-    def handle(self, request: Mapping[str, Any]) -> dict[str, Any]:
+    def handle(self, request: Mapping[str, Any], uid: int = 0) -> dict[str, Any]:
+        """The reply to one request from a peer with user id `uid` (SO_PEERCRED)."""
         host = self.host
         op = request.get("op")
+        if op in ROOT_ONLY_OPS and uid != 0:
+            log.warning("socket: %s refused to uid %d (root only)", op, uid)
+            return {"error": f"{op}: permission denied for uid {uid}: root only"}
         if op == "ping":
             return {"node": host.node, "pid": os.getpid()}
         if op == "status":
@@ -185,7 +206,7 @@ class SocketApi:
                     if not isinstance(request, dict):
                         raise ValueError("a request is one JSON object on one line")
                     self.op = str(request.get("op"))[:40]
-                    reply = api.handle(request)
+                    reply = api.handle(request, peer_uid(self.request))
                 except (ValueError, TypeError, KeyError, RecursionError) as exc:
                     # A bad request (JSON, a field of the wrong type or value): one line in
                     # the log and the reply, no traceback, nothing of the daemon's insides.

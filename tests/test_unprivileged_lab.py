@@ -8,9 +8,10 @@ afterwards: a fault is still drained and a resilient job still requeued.
 What a user can reach, and what these tests show of it:
 
 * the daemon's socket: nothing. It is 0600 root (the lab's `socket_group = ""`) or 0660
-  root:`socket_group` (production: SlurmUser's group). There is no per-operation check
-  behind the mode: whoever can connect may send every op (`event` and `job_summary` write
-  events, `check` runs checks), so `socket_group` must hold only Slurm's own account.
+  root:`socket_group` (production: SlurmUser's group). Behind the mode, rights per op come
+  from SO_PEERCRED: a group member may send what the hooks send (`event` and
+  `job_summary` write events), and `check` is root's only (tests/test_socket_permissions.py),
+  so `socket_group` must still hold only Slurm's own account.
 * the metrics port (TCP, loopback): any local user can connect; the server's bounds hold.
 * the store (SQLite, -wal, -shm): 0600 root; `medic rma list` and `medic jobs` as a user
   fail with one line, showing nothing.
