@@ -331,16 +331,27 @@ ENTRY_POINTS = """[medic.checks]
 acme_scratch = acme_medic_ok
 acme_typo = acme_medic_typo
 acme_nothing = acme_medic_nothing
+acme_dup = acme_medic_dup
+acme_exit = acme_medic_exit
+"""
+SITE_DUP = """
+from healthd.checks.base import Check, CheckConfig, Fault, Status, Tier, register
+
+register(name="ib", tiers=(Tier.PERIODIC,), interval=60, timeout=5,
+         faults={"ib.x": Fault(Status.WARN, "x")})(type("Ib", (Check,), {}))
 """
 
 
 @pytest.fixture
 def site_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A site distribution with three entry points (one good, one that fails to import, one
-    that registers nothing) on sys.path; the registry as it was afterwards."""
+    """A site distribution on sys.path with five entry points: one good (two checks, one of
+    which raises), one that fails to import, one that registers nothing, one that takes a
+    shipped check's name, one that exits at import; the registry as it was afterwards."""
     (tmp_path / "acme_medic_ok.py").write_text(SITE_OK)
     (tmp_path / "acme_medic_typo.py").write_text("import acme_no_such_module\n")
     (tmp_path / "acme_medic_nothing.py").write_text("X = 1\n")
+    (tmp_path / "acme_medic_dup.py").write_text(SITE_DUP)
+    (tmp_path / "acme_medic_exit.py").write_text("raise SystemExit(3)\n")
     dist = tmp_path / "acme_medic-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-medic\nVersion: 1.0\n")
@@ -354,7 +365,8 @@ def site_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
         base._REGISTRY.clear()
         base._REGISTRY.update(saved)
         site.reset_for_tests()
-        for module in ("acme_medic_ok", "acme_medic_typo", "acme_medic_nothing"):
+        for module in ("ok", "typo", "nothing", "dup", "exit"):
+            module = f"acme_medic_{module}"
             sys.modules.pop(module, None)
 
 
@@ -362,32 +374,38 @@ def test_entry_point_checks_are_discovered_and_a_broken_one_is_unknown_only(
     site_distribution: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="medic.checks.site")
+    shipped_ib = checks.get("ib")
     names = {spec.name for spec in checks.registry()}
-    assert {"acme_scratch", "acme_raises", "acme_typo", "acme_nothing"} <= names
-    assert "kernel_log" in names
+    broken = ["acme_typo", "acme_nothing", "acme_dup", "acme_exit"]
+    assert {"acme_scratch", "acme_raises", *broken} <= names
+    assert "kernel_log" in names and checks.get("ib") is shipped_ib
     errors = [r.getMessage() for r in caplog.records]
-    assert len(errors) == 2
-    assert any(
-        "acme_typo = acme_medic_typo failed to load, reported UNKNOWN: ModuleNotFoundError" in e
-        for e in errors
-    )
-    assert any("registered no check" in e for e in errors)
+    assert len(errors) == 4, errors
+    expected = [
+        "acme_typo = acme_medic_typo failed to load, reported UNKNOWN: ModuleNotFoundError",
+        "acme_nothing = acme_medic_nothing failed to load, reported UNKNOWN: it registered no",
+        "acme_dup = acme_medic_dup failed to load, reported UNKNOWN: ValueError: check 'ib'"
+        " registered twice",
+        "acme_exit = acme_medic_exit failed to load, reported UNKNOWN: SystemExit: 3",
+    ]
+    for line in expected:
+        assert any(e.startswith(f"site check {line}") for e in errors), line
     checks.registry()  # loaded once per process
-    assert len(caplog.records) == 2
+    assert len(caplog.records) == 4
 
     ctx = CheckContext.for_root(site_distribution)
     write_host_tree(site_distribution)
     runner = Runner(ctx, load_check_configs(_config("")))
-    wanted = ["acme_scratch", "acme_raises", "acme_typo", "acme_nothing", "cpus"]
-    report = runner.run(wanted)
+    report = runner.run(["acme_scratch", "acme_raises", *broken, "cpus", "ib"])
     by_name = {o.name: o.results[0] for o in report.outcomes}
     assert by_name["acme_scratch"].status is Status.OK
-    for broken in ("acme_raises", "acme_typo", "acme_nothing"):
-        assert by_name[broken].status is Status.UNKNOWN, broken
-        assert by_name[broken].fault_class == "check.error"
+    for name in ("acme_raises", *broken):
+        assert by_name[name].status is Status.UNKNOWN, name
+        assert by_name[name].fault_class == "check.error"
     assert "the quota server is away" in by_name["acme_raises"].message
     assert "failed to load" in by_name["acme_typo"].message
     assert by_name["cpus"].status is not Status.UNKNOWN  # the shipped checks run on
+    assert by_name["ib"].status is not Status.UNKNOWN
     assert "acme_typo" not in runner.selected(tier=Tier.LAUNCH)  # never a launch verdict
 
 
@@ -524,3 +542,82 @@ def test_checks_md_names_every_command_check_key() -> None:
     page = (Path(__file__).parents[1] / "docs" / "checks.md").read_text()
     for key, _, _ in describe_config(CommandCheckConfig):
         assert f"| `{key}` |" in page, key
+
+
+# --- the real daemon: command checks follow SIGHUP, a bad table refuses the reload -------------
+
+
+def test_the_daemon_runs_command_checks_and_reloads_them(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from healthd.api import HealthdUnavailable, ask
+    from medic_core import proc
+    from tests.conftest import poll
+
+    write_host_tree(tmp_path / "host")
+    ran = tmp_path / "ran"
+    marker = _script(tmp_path, "marker.sh", f"echo run >> {ran}\necho 'disk: degraded'\nexit 2\n")
+    ok_script = _script(tmp_path, "ok.sh", "exit 0\n")
+    sock, log = tmp_path / "healthd.sock", tmp_path / "healthd.log"
+    base_toml = f"""
+[node]
+host_root = "{tmp_path / "host"}"
+state_dir = "{tmp_path / "state"}"
+socket = "{sock}"
+[healthd]
+gpus = "none"
+metrics_port = 0
+socket_group = ""
+slurmd_spool_dir = "{tmp_path / "spool"}"
+[checks.command.marker]
+argv = ["{marker}"]
+critical_codes = [2]
+interval = 1
+"""
+    config = tmp_path / "medic.toml"
+    config.write_text(base_toml)
+    env = {**os.environ, "MEDIC_CONFIG": str(config), "MEDIC_NODE_NAME": "site1"}
+    pid = proc.spawn([str(Path(sys.executable).parent / "medic-healthd")], log_path=log, env=env)
+
+    def answers() -> bool:
+        try:
+            ask(sock, {"op": "ping"}, timeout=1)
+        except HealthdUnavailable:
+            return False
+        return True
+
+    def reloads() -> int:
+        return log.read_text().count("configuration reloaded")
+
+    try:
+        poll("healthd socket", answers, timeout=30)
+        poll("two periodic runs of command.marker", lambda: ran.exists() and len(
+            ran.read_text().splitlines()) >= 2, timeout=15)  # fmt: skip
+        reply = ask(sock, {"op": "check", "checks": ["command.marker"]}, timeout=10)
+        [result] = reply["results"]
+        assert (result["status"], result["fault_class"]) == ("CRITICAL", "command.marker")
+        assert result["remediation"] == "drain" and "disk: degraded" in result["message"]
+
+        config.write_text(base_toml + '[checks.command.bad]\nargv = ["relative"]\n')
+        os.kill(pid, signal.SIGHUP)
+        poll("reload refusal", lambda: "reload refused" in log.read_text())
+        assert "checks.command.bad.argv: 'relative' is not an absolute path" in log.read_text()
+        with pytest.raises(HealthdUnavailable, match=r"unknown checks: command\.bad"):
+            ask(sock, {"op": "check", "checks": ["command.bad"]}, timeout=10)
+
+        config.write_text(
+            base_toml.replace("[checks.command.marker]", "[checks.command.other]").replace(
+                str(marker), ok_script
+            )
+        )
+        os.kill(pid, signal.SIGHUP)
+        poll("reload", lambda: reloads() == 1)
+        reply = ask(sock, {"op": "check", "checks": ["command.other"]}, timeout=10)
+        assert [r["status"] for r in reply["results"]] == ["OK"]
+        with pytest.raises(HealthdUnavailable, match=r"unknown checks: command\.marker"):
+            ask(sock, {"op": "check", "checks": ["command.marker"]}, timeout=10)
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        poll("exit", lambda: os.waitpid(pid, os.WNOHANG)[0] == pid, timeout=15)
+    assert "Traceback" not in log.read_text()

@@ -101,11 +101,14 @@ def _load(ep: EntryPoint) -> None:
             return
         failure = LoadFailure(label, "it registered no check (is @register(...) applied?)")
     one_line = " ".join(failure.error.split())
-    if ep.name in before:
+    if ep.name in {spec.name for spec in registered()}:  # taken, maybe by the module itself
         log.error("site check %s failed to load and is left out: %s", label, one_line)
         return
     log.error("site check %s failed to load, reported UNKNOWN: %s", label, one_line)
-    _placeholder(ep.name, LoadFailure(label, one_line))
+    try:
+        _placeholder(ep.name, LoadFailure(label, one_line))
+    except ValueError as exc:  # never the daemon's fall
+        log.error("site check %s: no placeholder either: %s", label, exc)
 
 
 def load_site_checks() -> None:
