@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from slurm_hooks.checkpoint import DIR_ENV, STALE_AFTER, CheckpointDir, CheckpointError
+from slurm_hooks.checkpoint import DIR_ENV, STALE_AFTER, CheckpointDir, CheckpointError, Progress
 
 _dir_option = click.option(
     "--dir",
@@ -76,3 +76,19 @@ def prune(root: Path | None, keep: int, stale_after: float) -> None:
         raise click.ClickException(str(exc)) from None
     for path in removed:
         click.echo(f"removed {path}")
+
+
+@ckpt.command()
+@click.argument("step", type=click.IntRange(min=0, max=(1 << 63) - 1))
+def progress(step: int) -> None:
+    """Report the job's step STEP to this node's medic-healthd (the progress heartbeat).
+
+    For shell jobs: a process per call (milliseconds); Python jobs call
+    slurm_hooks.checkpoint.progress(step) instead (well under a microsecond). Outside a
+    Slurm job, or without the node's heartbeat directory, it says why and exits 0."""
+    beat = Progress()
+    if not beat.active:
+        click.echo(f"medic ckpt progress: not reported ({beat.why})", err=True)
+        return
+    beat.step(step)
+    beat.close()

@@ -4,7 +4,11 @@ fault arrives, delivers RMA ticket changes to the site's webhook, and answers a 
 on Slurm's side (`respond`: drain, requeues, the episode).
 
 `attach_ladder(daemon)` builds it for a daemon (`LadderDaemon`: what the ladder's host needs,
-and the configuration); the daemon hands `respond` its new faults and starts the thread.
+and the configuration); the daemon hands `respond` its new faults and starts the thread. The
+thread also owns the watch over the jobs' progress heartbeats (healthd.hang_watch), started
+and stopped with it: a hung job is a job fault, answered by `respond_hang` through the same
+decision core (requeue from the last checkpoint, charged once to the restart budget; the
+node is not drained).
 Both sides' Slurm clients note what they learn of this node in `seen` (the metrics read it).
 """
 
@@ -15,18 +19,23 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from healthd.checks.base import Result, Status
+from healthd.hang import HangSettings
+from healthd.hang_watch import Hang, HangWatch
+from healthd.jobs import SpoolJobState
 from healthd.ladder_host import DaemonLadderHost
 from healthd.ladder_host import HealthDaemon as HostDaemon
 from healthd.results import finding_of
 from healthd.slurm_seen import SlurmSeen
 from medic_core.config import MedicConfig
-from medic_core.settings import HookSettings, RemediationSettings, WebhookSettings
+from medic_core.settings import DaemonSettings, HookSettings, RemediationSettings, WebhookSettings
 from medic_core.slurm import SlurmError
 from medic_core.store import Severity
-from remediation.decide import primary
+from medic_core.vocabulary import Finding, Recommendation
+from remediation.decide import FaultFacts, NodeFacts, decide_fault, primary
 from remediation.episodes import EpisodeStore
 from remediation.ladder import Ladder
 from remediation.webhook import deliver_pending
@@ -66,16 +75,21 @@ class LadderThread:
         self._stop = threading.Event()
         self._unanswered: list[Result] = []  # faults whose answer Slurm could not complete
         self._retry_at = 0.0
+        self.hangs: HangWatch | None = None  # the progress watch (attach_ladder sets it)
 
     def start(self) -> threading.Thread:
-        """Also continues an episode a restart interrupted."""
+        """Also continues an episode a restart interrupted, and starts the progress watch."""
         thread = threading.Thread(target=self.loop, name="ladder", daemon=True)
         thread.start()
+        if self.hangs is not None:
+            self.hangs.start()
         return thread
 
     def stop(self) -> None:
         self._stop.set()
         self.wake.set()
+        if self.hangs is not None:
+            self.hangs.stop()
 
     def loop(self) -> None:
         """The ladder's own thread: repairs take minutes and must not hold up the checks."""
@@ -181,6 +195,93 @@ class LadderThread:
         failed = any(a.action == "requeue_failed" for a in actions)
         return jobs_read and admission.slurm_read and not failed
 
+    def respond_hang(self, hang: Hang) -> bool:
+        """A hung job (healthd.hang_watch): the decision core decides as for any fault that
+        asks the application to restart (RESTART_APP, not CRITICAL: no drain, no episode)
+        with this one job as the facts: requeued if resilient, within its budget, charged
+        once per run in its ledger; the releaser makes it eligible at once. The hang and
+        each action are events. False when Slurm could not complete the answer."""
+        from slurm_hooks.actions import carry_out, job_fact, slurm_client, start_releaser
+
+        daemon = self.daemon
+        verdict = hang.verdict
+        settings = HookSettings.from_config(daemon.config)
+        client = self.seen.wrap(slurm_client(daemon.config, settings))
+        try:
+            info = next(
+                (j for j in client.jobs_on(daemon.node) if j.job_id == verdict.job_id), None
+            )
+        except SlurmError as exc:
+            log.warning("hang of job %s: cannot read the jobs on %s: %s", verdict.job_id,
+                        daemon.node, exc)  # fmt: skip
+            return False
+        if info is None:
+            return True  # gone meanwhile: nothing to answer
+        owner_uid = _uid_of(info.user)
+        if hang.owner is None or hang.owner not in (owner_uid, 0):
+            log.warning("job %s: heartbeat owned by uid %s, not by the job's user %s: ignored",
+                        verdict.job_id, hang.owner, info.user)  # fmt: skip
+            return True
+        finding = Finding(
+            check="job_progress",
+            status=Status.WARN,
+            fault_class="job.hang",
+            target=f"job:{verdict.job_id}",
+            message=f"no progress for {verdict.stalled:.0f}s at step {verdict.step}",
+            recommendation=Recommendation.RESTART_APP,
+        )
+        facts = FaultFacts(
+            node=daemon.node,
+            slurm=NodeFacts(),
+            jobs=(job_fact(info, daemon.node),),
+            requeue_resilient=settings.requeue_resilient,
+        )
+        with self.lock:
+            decision = decide_fault([finding], facts)
+
+            def make_eligible(job_id: str, restarts: int) -> None:
+                start_releaser(daemon.config, job_id, restarts)
+
+            after = make_eligible if settings.release_held else None
+            _, actions = carry_out(client, daemon.node, decision, after)
+        now = dt.datetime.now(dt.UTC)
+        evidence: dict[str, Any] = {
+            "action": "hang",
+            "job_id": verdict.job_id,
+            "step": verdict.step,
+            "stalled_s": round(verdict.stalled, 3),
+            "threshold_s": round(verdict.threshold or 0.0, 3),
+            "median_step_s": round(verdict.median or 0.0, 6),
+            "steps_timed": verdict.steps_timed,
+            "pid": hang.pid,
+            "drain": None,
+            "why": decision.why,
+            **hang.evidence.to_json(),
+        }
+        self._event(
+            now,
+            kind="job_action",
+            severity=Severity.WARN,
+            source="healthd",
+            message=verdict.describe(),
+            fault_class="job.hang",
+            target=f"job:{verdict.job_id}",
+            evidence=evidence,
+        )
+        for action in actions:
+            log.warning("job %s: %s: %s", action.job_id, action.action, action.detail)
+            self._event(
+                now,
+                kind="job_action",
+                severity=Severity.WARN,
+                source="healthd",
+                message=action.detail,
+                fault_class="job.hang",
+                target=f"job:{action.job_id}",
+                evidence={"action": action.action, "job_id": action.job_id},
+            )
+        return not any(a.action == "requeue_failed" for a in actions)
+
     def _event(self, at: dt.datetime, **event: Any) -> None:
         """An event into the store, or into the node's journal when the store refuses it
         (replayed, with its time, once the store is back)."""
@@ -216,6 +317,16 @@ class LadderThread:
 
 
 RETRY_SECONDS = 5.0  # an answer Slurm refused (slurmctld down) is tried again this often
+
+
+def _uid_of(user: str) -> int | None:
+    """The uid of a Slurm job's user name (squeue may give a number for an unknown user)."""
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return int(user) if user.isascii() and user.isdigit() else None
 
 
 def _same_fault(fault: Result, faults: Sequence[Result]) -> bool:
@@ -257,4 +368,30 @@ def attach_ladder(daemon: LadderDaemon) -> LadderThread:
         DaemonLadderHost(daemon, episodes),
         settings,
     )
-    return LadderThread(daemon, ladder, episodes, webhook, seen=seen)
+    thread = LadderThread(daemon, ladder, episodes, webhook, seen=seen)
+    thread.hangs = watch_hangs(daemon, thread)
+    return thread
+
+
+def watch_hangs(daemon: LadderDaemon, thread: LadderThread) -> HangWatch | None:
+    """The progress watch of `[healthd] hang_*` (None with hang_detection = false)."""
+    settings = DaemonSettings.from_config(daemon.config)
+    if not settings.hang_detection:
+        return None
+    node = daemon.node
+    spool = Path(settings.slurmd_spool_dir.replace("%n", node).replace("{node}", node))
+    return HangWatch(
+        node,
+        Path(settings.progress_dir),
+        HangSettings(
+            factor=settings.hang_factor,
+            floor=settings.hang_floor,
+            window=settings.hang_window,
+            min_steps=settings.hang_min_steps,
+        ),
+        SpoolJobState(spool, node).job_ids,
+        thread.respond_hang,
+        proc_root=daemon.config.paths.proc,
+        poll=settings.hang_poll,
+        py_spy_timeout=settings.hang_py_spy_timeout,
+    )

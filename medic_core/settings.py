@@ -58,6 +58,27 @@ class DaemonSettings:
     slurmd_spool_dir: str = setting(
         "/var/spool/slurmd", doc="slurmd's SlurmdSpoolDir (%n: node name), to see running jobs"
     )
+    # Hangs (docs/operator-guide.md, "Hangs"): a job that reports its steps and stalls.
+    hang_detection: bool = setting(True, doc="watch the progress heartbeats of jobs on the node")
+    hang_factor: float = setting(
+        10.0, minimum=1.5, maximum=1000, doc="a job stalled for this many median steps is hung"
+    )
+    hang_floor: float = setting(
+        60.0, minimum=1, maximum=86400, doc="...and for at least this many seconds"
+    )
+    hang_window: int = setting(20, minimum=1, maximum=1000, doc="recent step times in the median")
+    hang_min_steps: int = setting(
+        3, minimum=1, maximum=1000, doc="step times seen before a job is judged at all"
+    )
+    hang_poll: float = setting(
+        1.0, minimum=0.1, maximum=60, doc="seconds between looks at the heartbeats"
+    )
+    hang_py_spy_timeout: float = setting(
+        5.0, minimum=0.5, maximum=60, doc="seconds py-spy (when installed) may take per process"
+    )
+    progress_dir: str = setting(
+        "/run/medic/progress", doc="heartbeat directory (jobs: $MEDIC_PROGRESS_DIR if not this)"
+    )
 
     def problems(self) -> Iterator[tuple[str, str, str]]:
         return iter(())

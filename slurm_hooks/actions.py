@@ -19,7 +19,7 @@ from medic_core import proc
 from medic_core.config import ConfigError, MedicConfig
 from medic_core.drain_reason import DrainOutcome, drain_if_allowed, format_reason
 from medic_core.settings import HookSettings, RemediationSettings
-from medic_core.slurm import CliSlurm, SlurmClient, SlurmError, expand_hostlist
+from medic_core.slurm import CliSlurm, JobInfo, SlurmClient, SlurmError, expand_hostlist
 from medic_core.vocabulary import Finding, Verdict
 from remediation.decide import (
     FaultDecision,
@@ -244,24 +244,24 @@ class JobAction:
 def job_facts(client: SlurmClient, node: str) -> list[JobFacts]:
     """The jobs on `node` as the decision core needs them. One job's odd text (a comment
     that is not a valid tag) makes that job not resilient, never stops the others."""
-    facts = []
-    for job in client.jobs_on(node):
-        try:
-            required = set(expand_hostlist(job.required_nodes)) if job.required_nodes else set()
-        except ValueError:
-            required = set()
-        facts.append(
-            JobFacts(
-                job_id=job.job_id,
-                state=job.state,
-                budget=parse_resilient(job.comment),
-                requeue=job.requeue,
-                pinned=node in required,
-                ledger=Ledger.parse(job.admin_comment),
-                slurm_restarts=job.restart_count,
-            )
-        )
-    return facts
+    return [job_fact(job, node) for job in client.jobs_on(node)]
+
+
+def job_fact(job: JobInfo, node: str) -> JobFacts:
+    """One job as the decision core needs it (see `job_facts`)."""
+    try:
+        required = set(expand_hostlist(job.required_nodes)) if job.required_nodes else set()
+    except ValueError:
+        required = set()
+    return JobFacts(
+        job_id=job.job_id,
+        state=job.state,
+        budget=parse_resilient(job.comment),
+        requeue=job.requeue,
+        pinned=node in required,
+        ledger=Ledger.parse(job.admin_comment),
+        slurm_restarts=job.restart_count,
+    )
 
 
 def carry_out(

@@ -20,16 +20,21 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import re
 import secrets
 import shutil
 import socket
+import stat
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from medic_core import heartbeat
 
 DIR_ENV = "MEDIC_CHECKPOINT_DIR"
 RESTART_ENV = "SLURM_RESTART_COUNT"  # absent on a job's first run
@@ -520,3 +525,106 @@ class CheckpointDir:
         except OSError:
             return False
         return time.time() - newest > stale_after
+
+
+# ---- progress heartbeat --------------------------------------------------------------------
+
+
+class Progress:
+    """The job's progress heartbeat on this node (medic_core.heartbeat has the file): call
+    `step(n)` once per training step; the node's medic-healthd reads it and requeues the job
+    from its last checkpoint when it stops advancing (docs/operator-guide.md, "Hangs").
+
+    `step` is three stores into a mapped page and a vDSO clock read: no syscall, well under
+    a microsecond. Opening happens once, here; when the heartbeat cannot be used (no
+    SLURM_JOB_ID, no heartbeat directory on this node, a file someone else owns) `why` says
+    so, one line goes to stderr, and `step` does nothing: a heartbeat never stops a job.
+    One process per node reports (rank 0 of the node, say); `path` and `env` are for tests."""
+
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None
+    ) -> None:
+        env = os.environ if env is None else env
+        self._map: mmap.mmap | None = None
+        self._seq = 0
+        self._pid = os.getpid()
+        self.path: Path | None = None
+        self.why = ""
+        try:
+            self.path = Path(path) if path is not None else _progress_path(env)
+            if self.path is not None:
+                self._open(self.path)
+        except (OSError, ValueError) as exc:
+            self.why = f"{self.path or 'heartbeat'}: {getattr(exc, 'strerror', None) or exc}"
+        if self.path is None:
+            self.why = f"no {JOB_ENV}: not a Slurm job, no heartbeat"
+        elif self.why:
+            print(f"medic: progress heartbeat off ({self.why})", file=sys.stderr)
+
+    def _open(self, path: Path) -> None:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError("not a regular file")
+            if st.st_uid != os.geteuid():
+                raise ValueError(f"owned by uid {st.st_uid}, not this job's user")
+            old = os.pread(fd, heartbeat.SIZE, 0) if st.st_size == heartbeat.SIZE else b""
+            seq = 0
+            if old[:8] == heartbeat.MAGIC:  # another run of this job on this node: go on
+                seq = heartbeat.SEQ.unpack_from(old, heartbeat.SEQ_AT)[0]
+            os.ftruncate(fd, heartbeat.SIZE)
+            self._map = mmap.mmap(fd, heartbeat.SIZE, mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+        # A new run starts with no step reported (ns 0); the sequence keeps rising.
+        self._seq = seq + 2 - seq % 2
+        self._map[:] = heartbeat.blank(self._pid)
+        heartbeat.SEQ.pack_into(self._map, heartbeat.SEQ_AT, self._seq)
+
+    @property
+    def active(self) -> bool:
+        return self._map is not None
+
+    def step(self, n: int) -> None:
+        """Report step `n` (an integer >= 0, as the job counts its steps)."""
+        m = self._map
+        if m is None:
+            return
+        if n.__class__ is not int or not 0 <= n <= _MAX_STEP:  # before the record is touched
+            raise CheckpointError(f"progress step {n!r}: expected an integer >= 0")
+        seq = self._seq
+        _SEQ_PACK(m, 8, seq + 1)  # odd: being written
+        _BODY_PACK(m, 16, n, time.monotonic_ns(), self._pid)
+        self._seq = seq + 2
+        _SEQ_PACK(m, 8, seq + 2)
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
+
+_SEQ_PACK = heartbeat.SEQ.pack_into
+_MAX_STEP = heartbeat.MAX_STEP
+_BODY_PACK = heartbeat.BODY.pack_into
+_progress: Progress | None = None
+
+
+def _progress_path(env: Mapping[str, str]) -> Path | None:
+    job_id = env.get(JOB_ENV, "")
+    if not job_id:
+        return None
+    node = env.get("SLURMD_NODENAME") or _host()
+    directory = env.get(heartbeat.DIR_ENV) or heartbeat.DEFAULT_DIR
+    return Path(directory) / heartbeat.file_name(job_id, node)
+
+
+def progress(step: int) -> None:
+    """Report this job's step `step` on this node: the one call per step (see Progress)."""
+    global _progress
+    beat = _progress
+    if beat is None:
+        beat = _progress = Progress()
+    beat.step(step)

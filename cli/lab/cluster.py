@@ -212,6 +212,7 @@ class Lab:
         env = {
             "SLURM_CONF": str(self.layout.slurm_conf),
             "MEDIC_CONFIG": str(self.layout.medic_conf),
+            "MEDIC_PROGRESS_DIR": str(self.layout.progress_dir),
             "LD_LIBRARY_PATH": str(self.layout.lib_dir),
             "NVML_INJECT_SCENARIO": str(self.layout.root / "nodes" / "{node}" / "nvml.scenario"),
             LAB_TAG_ENV: str(self.root),

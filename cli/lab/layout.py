@@ -74,6 +74,11 @@ class LabLayout:
         return self.root / "medic.db"
 
     @property
+    def progress_dir(self) -> Path:
+        """The jobs' progress heartbeats, every node's (see medic_core.heartbeat)."""
+        return self.root / "progress"
+
+    @property
     def nodes_dir(self) -> Path:
         return self.root / "nodes"
 

@@ -1,0 +1,150 @@
+"""The daemon's watch over the progress of the jobs on its node: every `[healthd] hang_poll`
+seconds it lists the jobs slurmd runs here (healthd.jobs, no Slurm round trip), reads each
+one's heartbeat (healthd.progress), folds it into the job's history and judges it
+(healthd.hang, pure). A job found hung gets its evidence collected (its processes' stacks)
+and is handed to `respond` (the ladder's thread: the decision core decides, the actions
+carry it out); it is handed over once per stall, again only after Slurm failed the answer.
+
+Gathering (`look`) is kept apart from the judgement (`healthd.hang.evaluate`), and the
+answer from both: this module decides nothing about Slurm.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from healthd.hang import HangSettings, Progress, Verdict, evaluate, observe
+from healthd.progress import (
+    BeatRead,
+    Evidence,
+    job_processes,
+    prepare_dir,
+    process_evidence,
+    read_beat,
+    remove_beat,
+)
+
+log = logging.getLogger("medic.healthd")
+
+RETRY_SECONDS = 5.0  # a hang whose answer Slurm failed is handed over again this often
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A hung job on this node, with what the daemon saw."""
+
+    node: str
+    verdict: Verdict
+    owner: int | None  # uid owning the heartbeat file: must be the job's user
+    pid: int  # the process that wrote the heartbeat
+    evidence: Evidence
+    detected: float  # time.time() when the hang was declared
+
+
+class HangWatch:
+    def __init__(
+        self,
+        node: str,
+        directory: Path,
+        settings: HangSettings,
+        job_ids: Callable[[], tuple[str, ...] | None],
+        respond: Callable[[Hang], bool],
+        *,
+        proc_root: Path = Path("/proc"),
+        poll: float = 1.0,
+        py_spy_timeout: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        read: Callable[[Path, str, str], BeatRead] = read_beat,
+    ) -> None:
+        self.node = node
+        self.directory = directory
+        self.settings = settings
+        self.job_ids = job_ids
+        self.respond = respond
+        self.proc_root = proc_root
+        self.poll = poll
+        self.py_spy_timeout = py_spy_timeout
+        self.clock = clock
+        self.read = read
+        self.progress: dict[str, Progress] = {}
+        self._answered: dict[str, tuple[int | None, float]] = {}  # job -> (step, retry at)
+        self._refused: dict[str, str] = {}  # job -> the problem logged once
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> threading.Thread:
+        problem = prepare_dir(self.directory)
+        if problem:
+            log.error("hang detection: heartbeat directory unusable: %s", problem)
+        thread = threading.Thread(target=self.loop, name="hang-watch", daemon=True)
+        thread.start()
+        self._thread = thread
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.look()
+            except Exception:
+                log.exception("hang watch: one look failed")
+            self._stop.wait(self.poll)
+
+    def look(self) -> list[Verdict]:
+        """One look at every job on the node; hangs go to `respond`. Returns the verdicts."""
+        ids = self.job_ids()
+        if ids is None:  # the spool cannot be read: keep what is known, judge nothing
+            return []
+        for gone in set(self.progress) - set(ids):
+            self._forget(gone)
+        verdicts = []
+        for job_id in ids:
+            read = self.read(self.directory, job_id, self.node)
+            if read.problem and self._refused.get(job_id) != read.problem:
+                log.warning("job %s: heartbeat ignored: %s", job_id, read.problem)
+                self._refused[job_id] = read.problem
+            now = self.clock()
+            before = self.progress.get(job_id) or Progress(job_id)
+            progress = observe(before, read.beat, now, self.settings)
+            if read.beat is None and job_id not in self.progress:
+                continue  # never reported here: not watched
+            self.progress[job_id] = progress
+            verdict = evaluate(progress, now, self.settings)
+            verdicts.append(verdict)
+            answered = self._answered.get(job_id)
+            if answered is not None and answered[0] != verdict.step:
+                del self._answered[job_id]  # it moved again (or a new run): watched afresh
+                answered = None
+            if verdict.hung and (answered is None or (answered[1] and now >= answered[1])):
+                self._hand_over(verdict, read, now)
+        return verdicts
+
+    def _hand_over(self, verdict: Verdict, read: BeatRead, now: float) -> None:
+        pid = read.beat.pid if read.beat is not None else 0
+        evidence = Evidence()
+        if read.owner is not None and pid > 0:
+            pids = job_processes(self.proc_root, pid, read.owner)
+            evidence = process_evidence(self.proc_root, pids, py_spy_timeout=self.py_spy_timeout)
+        hang = Hang(self.node, verdict, read.owner, pid, evidence, time.time())
+        log.warning("%s; evidence from %d processes", verdict.describe(), len(evidence.processes))
+        try:
+            complete = self.respond(hang)
+        except Exception:
+            log.exception("answering the hang of job %s failed", verdict.job_id)
+            complete = False
+        retry = 0.0 if complete else self.clock() + RETRY_SECONDS
+        self._answered[verdict.job_id] = (verdict.step, retry)
+
+    def _forget(self, job_id: str) -> None:
+        """The job left the node: its history, and its heartbeat file, go."""
+        self.progress.pop(job_id, None)
+        self._answered.pop(job_id, None)
+        self._refused.pop(job_id, None)
+        remove_beat(self.directory, job_id, self.node)
