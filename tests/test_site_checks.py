@@ -73,6 +73,7 @@ def test_warn_and_critical_codes_and_the_rest(tmp_path: Path) -> None:
     [warn], _ = _run([script, "3"], **keys)
     assert (warn.status, warn.fault_class) == (Status.WARN, "command.t")
     assert warn.remediation is Recommendation.REBOOT
+    assert warn.evidence["recommendation"] == "reboot"
     assert warn.message == "command.t: exit 3: state: 3"
     [critical], _ = _run([script, "4"], **keys)
     assert critical.status is Status.CRITICAL
@@ -621,3 +622,26 @@ interval = 1
         os.kill(pid, signal.SIGTERM)
         poll("exit", lambda: os.waitpid(pid, os.WNOHANG)[0] == pid, timeout=15)
     assert "Traceback" not in log.read_text()
+
+
+def test_medic_config_check_names_a_bad_command_table(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cli.admin import config as config_group
+
+    script = _script(tmp_path, "ok.sh", "exit 0\n")
+    path = tmp_path / "medic.toml"
+    good = (
+        f'[store]\nurl = "sqlite:///{tmp_path / "m.db"}"\n[checks.command.a]\nargv = ["{script}"]\n'
+    )
+    path.write_text(good)
+    ok = CliRunner().invoke(config_group, ["check", "--config", str(path)])
+    assert ok.exit_code == 0, ok.output
+    total = len(checks.registry()) + 1
+    assert f"{total} of {total} checks enabled" in ok.stdout
+    path.write_text(good + '[checks.command.b]\nargv = ["/bin/true"]\ntimeout = "soon"\n')
+    bad = CliRunner().invoke(config_group, ["check", "--config", str(path)])
+    assert bad.exit_code == 1
+    assert bad.stderr == (
+        f"medic: {path}: checks.command.b.timeout: expected a number, got 'soon'; fix the value\n"
+    )

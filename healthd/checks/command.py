@@ -212,6 +212,8 @@ def evaluate_command(obs: CommandObservation, cfg: CommandCheckConfig) -> list[R
         return [fault(name, status, "check.error", message, evidence=evidence)]
     label = cfg.description or name
     message = f"{label}: " + "; ".join(text for _, text in found)
+    # Where the daemon looks for a WARN's word (restart_app, gpu_reset_when_idle act on WARN).
+    evidence["recommendation"] = cfg.recommendation
     return [
         Result(
             check=name,
