@@ -645,3 +645,84 @@ def test_medic_config_check_names_a_bad_command_table(tmp_path: Path) -> None:
     assert bad.stderr == (
         f"medic: {path}: checks.command.b.timeout: expected a number, got 'soon'; fix the value\n"
     )
+
+
+# --- validation, fuzzed: a table is refused with one line or taken whole ---------------------
+
+_VALUES = st.one_of(
+    st.text(max_size=20),
+    st.sampled_from(["WARN", "CRITICAL", "(", "kernel.site.x", "drain", "/bin/true", "boom"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    raw=st.dictionaries(
+        st.sampled_from(
+            [
+                "name",
+                "pattern",
+                "fault_class",
+                "status",
+                "description",
+                "recommendation",
+                "match",
+                "other",
+            ]
+        ),
+        _VALUES,
+    )
+)
+def test_site_rule_validation_refuses_or_builds(raw: dict[str, str]) -> None:
+    from healthd.checks.kernel_log import site_rule, site_rule_problems
+
+    problems = list(site_rule_problems(0, raw))
+    if problems:
+        for key, problem, fix in problems:
+            assert key.startswith("rules[0].") and problem and fix
+            assert "\n" not in f"{key}{problem}{fix}"
+        return
+    rule = site_rule(raw)
+    assert rule.fault_class.startswith("kernel.") and rule.status in (Status.WARN, Status.CRITICAL)
+    if "match" in raw:
+        assert rule.matches(raw["match"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    table=st.dictionaries(
+        st.sampled_from(
+            [
+                "argv",
+                "tiers",
+                "warn_codes",
+                "critical_codes",
+                "fault_pattern",
+                "timeout",
+                "other_status",
+                "recommendation",
+                "shell",
+            ]
+        ),
+        st.one_of(
+            _VALUES,
+            st.integers(-5, 300),
+            st.floats(allow_nan=True),
+            st.lists(_VALUES, max_size=3),
+            st.lists(st.integers(-5, 300), max_size=3),
+        ),
+    )
+)
+def test_command_tables_are_refused_in_one_line_or_taken(table: dict[str, object]) -> None:
+    from healthd.checks.base import parse_check_config
+
+    try:
+        cfg = parse_check_config(
+            CommandCheckConfig, table, prefix="checks.command.f", source=SOURCE
+        )
+    except ConfigError as exc:
+        assert str(exc).startswith(f"{SOURCE}: checks.command.f.") and "\n" not in str(exc)
+        return
+    assert cfg.argv and cfg.argv[0].startswith("/") and cfg.tiers
+    assert not set(cfg.warn_codes) & set(cfg.critical_codes)
+    cfg.compiled  # noqa: B018  (compiles: the table was checked)
