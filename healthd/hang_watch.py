@@ -128,10 +128,13 @@ class HangWatch:
 
     def _hand_over(self, verdict: Verdict, read: BeatRead, now: float) -> None:
         pid = read.beat.pid if read.beat is not None else 0
-        evidence = Evidence()
+        evidence = Evidence(problems=("no writer pid in the heartbeat",))
         if read.owner is not None and pid > 0:
             pids = job_processes(self.proc_root, pid, read.owner)
             evidence = process_evidence(self.proc_root, pids, py_spy_timeout=self.py_spy_timeout)
+            if not pids:  # gone, or a pid the job wrote that is not its own
+                missing = f"pid {pid} not found under {self.proc_root} as uid {read.owner}"
+                evidence = Evidence(problems=(missing,))
         hang = Hang(self.node, verdict, read.owner, pid, evidence, time.time())
         log.warning("%s; evidence from %d processes", verdict.describe(), len(evidence.processes))
         try:

@@ -401,12 +401,35 @@ def test_watch_hands_a_hung_job_over_once_per_stall(watch: Any) -> None:
     verdicts = {v.job_id: v for v in w.look()}
     assert verdicts["7"].hung and "8" not in verdicts  # 8 never reported: not watched
     assert [h.verdict.job_id for h in hangs] == ["7"]
+    assert hangs[0].evidence.problems == (f"pid 1 not found under {w.proc_root} as uid 0",)
     clock.now += 10.0
     w.look()
     assert len(hangs) == 1  # answered: not again for the same stall
     advance(jobs, "7", clock)  # it moves again: watched afresh
     w.look()
     assert w._answered == {}
+
+
+def test_watch_collects_the_writers_stacks_from_proc(tmp_path: Path) -> None:
+    clock, hangs = Clock(), []
+    me = os.getpid()
+    stopped: list[float] = []
+
+    def read(d: Path, job: str, node: str) -> BeatRead:
+        at = stopped[0] if stopped else clock.now  # the job stops moving once stopped
+        return BeatRead(Beat(2, int(at), int(at * 1e9), me), os.geteuid())
+
+    w = HangWatch(NODE, tmp_path, S, lambda: ("7",), lambda h: hangs.append(h) or True,
+                  clock=clock, read=read)  # fmt: skip
+    for _ in range(6):
+        w.look()
+        clock.now += 1.0
+    stopped.append(clock.now - 1.0)
+    clock.now += 5.0
+    w.look()
+    [hang] = hangs
+    assert hang.pid == me and hang.evidence.processes[0].pid == me
+    assert hang.evidence.processes[0].threads[0]["tid"] == str(me)
 
 
 def test_watch_tries_again_when_slurm_failed(watch: Any) -> None:

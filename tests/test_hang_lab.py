@@ -1,0 +1,102 @@
+"""Hangs on the lab (issue 14, part 1): real slurmctld and slurmd, the real medic-healthd
+on the node, a real resilient job that reports its steps through the checkpoint helper's
+heartbeat, then blocks (a read nobody will ever answer, as a rank stuck in a collective).
+
+The daemon runs with small thresholds (floor 2 s, k 3, a look every 0.2 s): the job is
+requeued from its last checkpoint and runs again within 2 x the threshold + 5 s of its last
+step, the node stays in service, the restart is charged once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from cli.lab.cluster import Lab
+from medic_core.store import open_store
+from remediation.decide import Ledger
+from slurm_hooks.checkpoint import CheckpointDir
+from tests.conftest import poll
+from tests.lab_views import drained_by_medic, job
+
+FLOOR = 2.0  # hang_floor: the threshold here (k x median = 3 x 0.1 s is below it)
+HUNG_AT = 25  # the step after which the first run blocks
+
+JOB = """\
+import os, sys, time
+from slurm_hooks.checkpoint import CheckpointDir, progress, restart_count
+
+ckpt = CheckpointDir()
+last = ckpt.resume_step()  # a restarted run marks when it resumed, and from which step
+first = 0 if last is None else last + 1
+print(f"run={restart_count()} resume={last}", flush=True)
+for step in range(first, first + 1000):
+    progress(step)
+    if step % 10 == 0:
+        with ckpt.writing(step) as tmp:
+            (tmp / "w").write_text(str(step))
+    if restart_count() == 0 and step == HUNG_AT:
+        with open(sys.argv[1], "w") as f:
+            json.dump({"time": time.time(), "pid": os.getpid()}, f)
+        r, w = os.pipe()
+        os.read(r, 1)  # blocks for ever: the hang
+    if restart_count() > 0 and step >= first + 5:
+        break
+    time.sleep(0.1)
+print(f"done at {step}", flush=True)
+""".replace("HUNG_AT", str(HUNG_AT)).replace("import os, sys", "import json, os, sys")
+
+
+def test_a_hung_resilient_job_is_requeued_and_resumes_from_its_checkpoint(
+    lab: Lab, tmp_path: Path
+) -> None:
+    conf = tmp_path / "medic.toml"
+    extra = f"hang_floor = {FLOOR}\nhang_factor = 3.0\nhang_poll = 0.2\nhang_min_steps = 3\n"
+    conf.write_text(
+        lab.layout.medic_conf.read_text().replace("[healthd]\n", f"[healthd]\n{extra}", 1)
+    )
+    lab.start_healthd("n1", config=conf)
+    script, hung, out, ckpt_dir = (tmp_path / n for n in ("train.py", "hung", "out", "ckpt"))
+    script.write_text(JOB)
+    env = lab.process_env()
+    env.update(
+        {"MEDIC_CHECKPOINT_DIR": str(ckpt_dir), "PYTHONPATH": str(Path(__file__).parents[1])}
+    )
+    others = ",".join(n for n in lab.node_names() if n != "n1")
+    from medic_core import proc
+
+    submitted = proc.run(
+        ["sbatch", "--parsable", "--resilient=2", f"--exclude={others}", f"--output={out}",
+         "--open-mode=append", "--wrap", f"{sys.executable} {script} {hung}"],
+        timeout=15, env=env, check=True,
+    )  # fmt: skip
+    job_id = submitted.stdout.strip().split(";")[0]
+    poll("the job to hang", hung.exists, timeout=60)
+    stopped = json.loads(hung.read_text())["time"]
+    checkpoints = CheckpointDir(ckpt_dir)
+    poll("the job to run again", lambda: bool(checkpoints.resumes()), timeout=30)
+    [resumed] = checkpoints.resumes()
+    recovery = resumed.time - stopped
+    print(f"\nlast step -> running again from its checkpoint: {recovery:.2f} s "
+          f"(threshold {FLOOR:g} s, budget {2 * FLOOR + 5:g} s)")  # fmt: skip
+    assert recovery <= 2 * FLOOR + 5
+    assert resumed.step == 20  # the last checkpoint before the hang at step 25
+    poll("the job to complete", lambda: job(lab, job_id)["job_state"] == "COMPLETED", timeout=30)
+    runs = [line for line in out.read_text().splitlines() if line.startswith("run=")]
+    assert runs == ["run=0 resume=None", "run=1 resume=20"]
+    info = job(lab, job_id)
+    assert not drained_by_medic(lab, "n1")  # a job fault: the node stays in service
+    assert Ledger.parse(str(info.get("admin_comment") or "")) == Ledger(1, ("run0",))
+    with open_store(f"sqlite:///{lab.layout.store_db}") as store:
+        events = [e for e in store.events("n1", kind="job_action") if e.target == f"job:{job_id}"]
+    [hang] = [e for e in events if e.evidence.get("action") == "hang"]
+    assert hang.fault_class == "job.hang" and hang.evidence["step"] == HUNG_AT
+    assert FLOOR <= hang.evidence["stalled_s"] < FLOOR + 1.5
+    assert hang.evidence["threshold_s"] == FLOOR
+    assert 0.05 < hang.evidence["median_step_s"] < 0.5
+    assert [e.evidence["action"] for e in events].count("requeued") == 1
+    # The lab's /proc below the node's host tree is a fixture: the job's pid is not there
+    # (evidence from the real /proc: tests/test_hang.py).
+    assert hang.evidence["processes"] == []
+    assert "not found under" in hang.evidence["problems"][0]
