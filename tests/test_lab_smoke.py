@@ -132,17 +132,22 @@ def down_leaves_no_process_behind(root: Path) -> None:
     assert not small.layout.munge_socket.exists()
 
 
-def test_the_readme_demo_tells_the_whole_story() -> None:
+@pytest.mark.parametrize("production", [False, True], ids=["lab", "production"])
+def test_the_readme_demo_tells_the_whole_story(production: bool) -> None:
     """README's first command, minus the install: a lab of its own, fault to repair. In a
     short directory, as README's is (a test worker's tmp_path is too long for slurmstepd's
-    Unix sockets: the lab refuses it)."""
+    Unix sockets: the lab refuses it). In production mode (docs/lab.md) the same story from
+    the built wheel, each daemon in the shipped unit's sandbox with a store of its own."""
     with tempfile.TemporaryDirectory(prefix="demo-", dir="/tmp") as short:
         done = proc.run(
-            [sys.executable, "-m", "cli.lab.demo", "--dir", str(Path(short) / "demo")],
-            timeout=300,
+            [sys.executable, "-m", "cli.lab.demo", "--dir", str(Path(short) / "demo")]
+            + (["--production"] if production else []),
+            timeout=600,
         )
-    assert done.returncode == 0, done.describe_failure()
+    assert done.returncode == 0, done.describe_failure() + done.stdout[-3000:]
     out = done.stdout
+    if production:
+        assert "(from the wheel in " in out and "in the unit's sandbox)" in out
     assert "medic: gpu.xid.79" in out  # drained with Medic's reason
     assert "restarts=1" in out  # the job's second start
     assert "equals an uninterrupted run's: True" in out

@@ -73,6 +73,8 @@ class LabState:
     slurmctld_pid: int = 0
     started_at: float = 0.0
     up_seconds: float = 0.0
+    # Production mode (cli/lab/production.py): daemons in this unit's sandbox, per-node stores.
+    sandbox_unit: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -246,7 +248,11 @@ class Lab:
 
     # ---- up ----------------------------------------------------------------------------
 
-    def up(self, spec: LabSpec | None = None, timeout: float = 30.0) -> LabState:
+    def up(
+        self, spec: LabSpec | None = None, timeout: float = 30.0, sandbox_unit: Path | None = None
+    ) -> LabState:
+        """Start the lab; with `sandbox_unit` in production mode (cli/lab/production.py):
+        each daemon in that unit's sandbox, each node with the default store of its own."""
         spec = spec or LabSpec()
         if self.layout.state_file.exists() and self.is_running():
             raise LabError(
@@ -270,7 +276,12 @@ class Lab:
         ports = LabPorts(slurmctld=_free_port_block(spec.nodes + 1), slurmd_first=0)
         ports = LabPorts(slurmctld=ports.slurmctld, slurmd_first=ports.slurmctld + 1)
         state = LabState(
-            spec=spec, ports=ports, host=host, venv_bin=str(self.venv_bin), started_at=time.time()
+            spec=spec,
+            ports=ports,
+            host=host,
+            venv_bin=str(self.venv_bin),
+            started_at=time.time(),
+            sandbox_unit=str(sandbox_unit or ""),
         )
         try:
             self._write_files(state)
@@ -319,7 +330,11 @@ class Lab:
         self._save(state)
         layout.slurm_conf.write_text(render_slurm_conf(state.spec, layout, state.ports, state.host))
         (layout.etc / "gres.conf").write_text(render_gres_conf(state.spec, layout))
-        layout.medic_conf.write_text(render_medic_conf(layout, str(self.venv_bin / "python")))
+        layout.medic_conf.write_text(
+            render_medic_conf(
+                layout, str(self.venv_bin / "python"), shared_store=not state.sandbox_unit
+            )
+        )
         self._write_wrappers()
         build_library(layout.lib_dir)
         plugin = spank_build.build_plugin(layout.lib_dir)
@@ -449,7 +464,19 @@ class Lab:
         env["MEDIC_NODE_NAME"] = name
         if config is not None:
             env["MEDIC_CONFIG"] = str(config)
-        pid = proc.spawn([str(self.venv_bin / "medic-healthd")], log_path=node.healthd_log, env=env)
+        state = self.state()
+        argv = [str(Path(state.venv_bin) / "medic-healthd")]
+        if state.sandbox_unit:  # as systemd starts it: in the unit's sandbox
+            from cli.lab.production import sandbox_argv
+
+            # The unit's ReadWritePaths= (/var/lib/medic, /run/medic) here: the node's own
+            # directory and the jobs' heartbeats (on a node /run/medic/progress).
+            writable = [node.dir, self.layout.progress_dir]
+            for path in writable:
+                path.mkdir(parents=True, exist_ok=True)
+            prefix, sandbox_env = sandbox_argv(writable, Path(state.sandbox_unit))
+            argv, env = [*prefix, *argv], {**env, **sandbox_env}
+        pid = proc.spawn(argv, log_path=node.healthd_log, env=env)
         node.healthd_pid.write_text(f"{pid}\n")
 
         def answers() -> bool:

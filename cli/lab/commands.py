@@ -46,17 +46,36 @@ def lab() -> None:
     show_default=True,
     help="Also start medic-healthd on every node, as systemd would on a real cluster.",
 )
-def up(root: Path, nodes: int, gpus: int, healthd: bool) -> None:
+@click.option(
+    "--production",
+    is_flag=True,
+    help="Run what an operator installs: the built wheel in a venv of its own, each"
+    " medic-healthd in the shipped unit's sandbox, a store per node (docs/lab.md).",
+)
+def up(root: Path, nodes: int, gpus: int, healthd: bool, production: bool) -> None:
     """Start munged, slurmctld and one slurmd per node; wait until all are IDLE."""
     lab_ = Lab(root)
     try:
-        state = lab_.up(LabSpec(nodes=nodes, gpus_per_node=gpus))
+        unit = None
+        if production:
+            from cli.lab.production import UNIT, ProductionError, can_sandbox, install_wheel
+
+            if can_sandbox():
+                raise LabError(f"--production {can_sandbox()}")
+            try:
+                lab_ = Lab(root, venv_bin=install_wheel(lab_.root))
+            except ProductionError as exc:
+                raise LabError(str(exc)) from exc
+            unit = UNIT
+        state = lab_.up(LabSpec(nodes=nodes, gpus_per_node=gpus), sandbox_unit=unit)
         if healthd:
             for name in state.spec.node_names():
                 lab_.start_healthd(name)
     except LabError as exc:
         _fail(exc)
     daemons = f", medic-healthd on {nodes} nodes" if healthd else ""
+    if production:
+        daemons += f" (from the wheel in {lab_.venv_bin.parent}, in the unit's sandbox)"
     click.echo(
         f"lab up at {lab_.root}: {nodes} nodes x {gpus} GPUs, all IDLE in"
         f" {state.up_seconds:.1f}s{daemons}"

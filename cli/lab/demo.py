@@ -22,11 +22,12 @@ from cli.lab.train import uninterrupted
 from medic_core import proc
 
 
-def show(lab: Lab, argv: list[str], title: str = "") -> str:
+def show(lab: Lab, argv: list[str], title: str = "", node: str | None = None) -> str:
+    """Run and print `argv` (`node`: as run on that node, which matters for its own store)."""
     if title:
         print(f"\n# {title}")
     print(f"$ {shlex.join(argv)}")
-    result = proc.run(argv, timeout=60, env=lab.process_env())
+    result = proc.run(argv, timeout=60, env=lab.process_env(node))
     text = (result.stdout + result.stderr).rstrip()
     if text:
         print(text)
@@ -64,17 +65,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="medic-demo")
     parser.add_argument("--dir", type=Path, help="lab directory (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="leave the lab running")
+    parser.add_argument(
+        "--production",
+        action="store_true",
+        help="the lab's production mode: the wheel, the unit's sandbox, a store per node",
+    )
     args = parser.parse_args(argv)
     root = args.dir or Path(tempfile.mkdtemp(prefix="medic-demo-"))
     medic = str(Path(sys.executable).parent / "medic")
     lab = Lab(root)
     steps, pace = 40, 0.25
     try:
+        up = [medic, "lab", "up", "--dir", str(root)]
         show(
             lab,
-            [medic, "lab", "up", "--dir", str(root)],
-            "a real slurmctld, 5 slurmd with 8 simulated GPUs each, medic-healthd on every node",
+            [*up, "--production"] if args.production else up,
+            "a real slurmctld, 5 slurmd with 8 simulated GPUs each, medic-healthd on every node"
+            + (" (the built wheel, each daemon in the unit's sandbox)" if args.production else ""),
         )
+        if args.production:  # from here on, Medic's own commands are the wheel's
+            medic = str(lab.state().venv_bin) + "/medic"
         show(lab, ["sinfo"])
         show(
             lab,
@@ -149,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             [medic, "node", "show", victim],
             f"meanwhile the ladder repaired {victim} by itself (XID 79: NVIDIA says reboot):"
             " a reboot through Slurm, re-qualified, resumed",
+            node=victim,  # on the node: with a store per node, the one that knows
         )
         show(lab, [medic, "lab", "status", "--dir", str(root)])
         if not same:

@@ -112,9 +112,17 @@ def render_gres_conf(spec: LabSpec, layout: LabLayout) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_medic_conf(layout: LabLayout, python: str = "python3") -> str:
+def render_medic_conf(layout: LabLayout, python: str = "python3", shared_store: bool = True) -> str:
+    """The lab's medic.toml; without `shared_store` each node keeps the default store of its
+    own (<node>/state/medic.db), as a node installed without a [store] table does."""
     node_dir = layout.node_template()
     repair = f'"{python}", "-m", "cli.lab.repair", "--lab-root", "{layout.root}"'
+    store = (
+        ["# One store for the whole lab, as a fleet shares one PostgreSQL.", "[store]",
+         f'url = "sqlite:///{layout.store_db}"', ""]
+        if shared_store
+        else ["# No [store]: each node's default store, <state_dir>/medic.db.", ""]
+    )  # fmt: skip
     return "\n".join(
         [
             "# Written by `medic lab up`. {node} is this node's name (SLURMD_NODENAME or",
@@ -127,10 +135,7 @@ def render_medic_conf(layout: LabLayout, python: str = "python3") -> str:
             "[slurm]",
             f'conf = "{layout.slurm_conf}"',
             "",
-            "# One store for the whole lab, as a fleet shares one PostgreSQL.",
-            "[store]",
-            f'url = "sqlite:///{layout.store_db}"',
-            "",
+            *store,
             "# Several daemons share this host: no fixed metrics port, and root-only sockets.",
             "[healthd]",
             "metrics_port = 0",

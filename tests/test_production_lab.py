@@ -1,0 +1,119 @@
+"""The lab's production mode (deployment issue, "Proof"): what an operator installs, not the
+source tree. The built wheel in a venv of its own, each node's medic-healthd in the shipped
+unit's sandbox (derived from systemd/medic-healthd.service: `/` read-only but for the node's
+own directory, the unit's capability bounding set, no new privileges, its umask) and the
+default store per node. The README demo runs in this mode too (tests/test_lab_smoke.py).
+
+The fault matrix here is one fault per rung and outcome (5 of tests/test_remediation.py's
+15): a GPU reset that cures, a reboot, a reboot under a hung NVML, a straight RMA, and every
+rung failing to an RMA (reset, driver reload, reboot: the repair stand-ins run inside the
+daemon's sandbox and write only the node's own directory)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.lab.cluster import Lab
+from cli.lab.production import UNIT, can_sandbox, install_wheel, unit_service
+from medic_core import proc
+from medic_core.store import Store, open_store
+from remediation import episodes as ep
+from remediation.ladder import Rung
+from tests.conftest import poll
+from tests.test_remediation import MATRIX, fast_config, node_info, wait_closed
+
+pytestmark = pytest.mark.skipif(bool(can_sandbox()), reason=can_sandbox() or "ok")
+
+CASES = ["xid48_dbe", "xid79_off_the_bus", "nvml_hang", "row_remap_failure",
+         "hardware_fault_everything_fails"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def production_lab() -> Iterator[Lab]:
+    # A short directory: slurmstepd's socket paths must fit in 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="prod-", dir="/tmp"))
+    try:
+        lab = Lab(root / "lab", venv_bin=install_wheel(root))
+        lab.up(sandbox_unit=UNIT)
+        try:
+            yield lab
+        finally:
+            lab.down()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def lab(production_lab: Lab) -> Lab:
+    production_lab.reset()
+    return production_lab
+
+
+@pytest.fixture
+def n2_store(lab: Lab) -> Iterator[Store]:
+    """n2's own store, where its daemon keeps everything (no [store] url in production)."""
+    with open_store(f"sqlite:///{lab.node('n2').state_dir / 'medic.db'}") as store:
+        yield store
+
+
+def test_daemons_run_from_the_wheel_in_the_units_sandbox_with_a_store_of_their_own(
+    lab: Lab, n2_store: Store
+) -> None:
+    pid = lab.start_healthd("n2")
+    venv = Path(lab.state().venv_bin).parent
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[1] == str(venv / "bin" / "medic-healthd").encode(), cmdline
+    where = proc.run(
+        [str(venv / "bin" / "python"), "-c", "import healthd; print(healthd.__file__)"],
+        timeout=30,
+        cwd="/",
+    )
+    assert where.stdout.startswith(str(venv)), where.stdout  # not the source tree
+    status = Path(f"/proc/{pid}/status").read_text()
+    bounding = int(re.search(r"CapBnd:\s*([0-9a-f]+)", status).group(1), 16)  # type: ignore[union-attr]
+    caps = " ".join(unit_service()["CapabilityBoundingSet"]).split()
+    assert bin(bounding).count("1") == len(caps)
+    assert re.search(r"NoNewPrivs:\s*1", status)
+    root_mount = next(
+        line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+        if line.split()[4] == "/"
+    )  # fmt: skip
+    assert root_mount[5].startswith("ro"), root_mount
+    poll("n2's first round", lambda: bool(n2_store.conditions("n2")), timeout=20)
+    stored = lab.node("n2").state_dir / "medic.db"
+    assert stored.stat().st_mode & 0o077 == 0  # UMask=0077 and the store's own 0600
+    assert not lab.layout.store_db.exists()  # no shared store in this mode
+    assert "Traceback" not in lab.node("n2").healthd_log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("gpu", "specs", "rung", "end"),
+    [m[1:] for m in MATRIX if m[0] in CASES],
+    ids=[m[0] for m in MATRIX if m[0] in CASES],
+)
+def test_fault_matrix_in_production_mode(
+    lab: Lab, n2_store: Store, tmp_path: Path, gpu: int, specs: list[str], rung: Rung, end: str
+) -> None:
+    lab.start_healthd("n2", config=fast_config(lab, tmp_path))
+    poll("first round", lambda: bool(n2_store.conditions("n2", type="gpu_count")), timeout=20)
+    lab.inject("n2", gpu, specs)
+    episode = wait_closed(n2_store, "n2", timeout=120)
+    assert (episode.first_rung, episode.state) == (int(rung), end), episode.message
+    steps = ep.EpisodeStore(n2_store).steps(episode.id)
+    if end == ep.RESOLVED:
+        assert "DRAIN" not in node_info(lab, "n2")["state_flags"]
+        assert steps and steps[-1].state == "done"
+    else:
+        node = node_info(lab, "n2")
+        assert "DRAIN" in node["state_flags"] or node["state"].upper() == "DOWN", node
+        assert node["reason"].startswith("medic:")
+        if "hardware_fault=1" in specs:  # every rung ran, each inside the sandbox
+            assert [s.action for s in steps][:2] == ["gpu_reset", "gpu_reset"], steps
+            assert "driver_reload" in [s.action for s in steps], steps
+    assert "Read-only file system" not in lab.node("n2").healthd_log.read_text()
