@@ -467,7 +467,8 @@ def test_the_migrated_schema_matches_the_models(store: Store) -> None:
         for constraint in table.constraints:
             if isinstance(constraint, UniqueConstraint):
                 assert tuple(c.name for c in constraint.columns) in uniques
-    assert set(found.get_table_names()) == {*(t.name for t in models), "schema_version"} | (
+    bookkeeping = {"schema_version", "schema_compat"}
+    assert set(found.get_table_names()) == {*(t.name for t in models), *bookkeeping} | (
         {"sqlite_sequence"} & set(found.get_table_names())
     )
 

@@ -10,7 +10,7 @@ See docs/store.md.
 """
 
 from medic_core.store.engine import BadStoreURL, StoreError
-from medic_core.store.migrations import MIGRATIONS, Migration, MigrationResult, migrate
+from medic_core.store.migrations import MIGRATIONS, Compat, Migration, MigrationResult, migrate
 from medic_core.store.models import (
     Condition,
     ConditionChange,
@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_EVENT_RETENTION_DAYS",
     "MIGRATIONS",
     "BadStoreURL",
+    "Compat",
     "Condition",
     "ConditionChange",
     "ConditionUpdate",

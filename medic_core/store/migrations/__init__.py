@@ -7,13 +7,27 @@ inside that one transaction: DDL is transactional on both backends, so a failed 
 leaves the previous version intact, and a second process opening the database at the same time
 waits for the first and then finds nothing to do.
 
+Compatibility: each Migration declares whether Medic that predates it keeps working
+(`Compat.ADDITIVE`: new tables, new nullable columns, new indexes) or not (`Compat.BREAKING`:
+renames, drops, type changes, new NOT NULL columns; the default, so a migration nobody
+classified stops older Medic rather than letting it write what the new schema cannot hold).
+From version 5 on, the database itself records in `schema_compat` the oldest version a Medic
+must know: the newest BREAKING migration applied. An older Medic cannot know what a future
+migration did, so it reads this: a database newer than the code is used, with one WARNING,
+when the code knows at least that version, and refused otherwise. A newer database with no
+record (nothing wrote one: only a Medic that knows no compatibility can have made it) is
+refused, as every Medic before version 5 refuses any newer schema.
+
 To change the schema: add `mNNNN_<what>.py` with an `upgrade(conn)` that uses only Core DDL or
 SQL frozen in that file (never `models.py`, which follows the newest version), append it to
-MIGRATIONS, and update `models.py`. A test checks the migrated schema against the models.
+MIGRATIONS with its `Compat`, and update `models.py`. A test checks the migrated schema
+against the models.
 """
 
 from __future__ import annotations
 
+import enum
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +45,7 @@ from sqlalchemy import (
     inspect,
     select,
     text,
+    update,
 )
 
 from medic_core.store.engine import StoreError, writer
@@ -38,10 +53,20 @@ from medic_core.store.migrations import m0001_conditions_events as m0001
 from medic_core.store.migrations import m0002_remediation as m0002
 from medic_core.store.migrations import m0003_rma as m0003
 from medic_core.store.migrations import m0004_sweeps as m0004
+from medic_core.store.migrations import m0005_schema_compat as m0005
 from medic_core.store.models import UTCDateTime
+
+log = logging.getLogger("medic.store")
 
 # pg_advisory_xact_lock key shared by every Medic that migrates a PostgreSQL database.
 PG_LOCK_KEY = 0x4D45444943  # "MEDIC"
+
+
+class Compat(enum.Enum):
+    """What a migration does to Medic that predates it."""
+
+    ADDITIVE = "additive"  # keeps it working: new tables, nullable columns, indexes
+    BREAKING = "breaking"  # stops it: renames, drops, type changes, new NOT NULL columns
 
 
 @dataclass(frozen=True)
@@ -49,13 +74,15 @@ class Migration:
     version: int
     description: str
     upgrade: Callable[[Connection], None]
+    compat: Compat = Compat.BREAKING
 
 
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(1, m0001.DESCRIPTION, m0001.upgrade),
-    Migration(2, m0002.DESCRIPTION, m0002.upgrade),
-    Migration(3, m0003.DESCRIPTION, m0003.upgrade),
-    Migration(4, m0004.DESCRIPTION, m0004.upgrade),
+    Migration(1, m0001.DESCRIPTION, m0001.upgrade, Compat.BREAKING),  # nothing predates it
+    Migration(2, m0002.DESCRIPTION, m0002.upgrade, Compat.ADDITIVE),
+    Migration(3, m0003.DESCRIPTION, m0003.upgrade, Compat.ADDITIVE),
+    Migration(4, m0004.DESCRIPTION, m0004.upgrade, Compat.ADDITIVE),
+    Migration(5, m0005.DESCRIPTION, m0005.upgrade, Compat.ADDITIVE),
 )
 
 _metadata = MetaData()
@@ -66,6 +93,14 @@ schema_version = Table(
     Column("version", Integer, primary_key=True, autoincrement=False),
     Column("description", Text, nullable=False),
     Column("applied_at", UTCDateTime(), nullable=False),
+)
+# Created by migration 5 (m0005_schema_compat), kept current by `migrate`; frozen likewise.
+schema_compat = Table(
+    "schema_compat",
+    _metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("min_compatible", Integer, nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
 )
 
 
@@ -97,26 +132,80 @@ def current_version(conn: Connection) -> int:
     return int(version) if version is not None else 0
 
 
-def _refuse_newer(found: int, latest: int) -> None:
-    if found > latest:
+def min_compatible(migrations: Sequence[Migration], version: int) -> int:
+    """The oldest schema version a Medic must know to use a database at `version`: the
+    newest BREAKING migration up to it (0 when there is none)."""
+    return max((m.version for m in migrations[:version] if m.compat is Compat.BREAKING), default=0)
+
+
+def admits(known: int, found: int, floor: int | None) -> bool:
+    """Whether a Medic that knows schema versions up to `known` may use a database at `found`
+    whose recorded oldest compatible version is `floor` (None: no record)."""
+    return found <= known or (floor is not None and known >= floor)
+
+
+def recorded_min_compatible(conn: Connection) -> int | None:
+    """The database's `schema_compat` record; None when it has none (before version 5)."""
+    if not inspect(conn).has_table(schema_compat.name):
+        return None
+    value = conn.execute(
+        select(schema_compat.c.min_compatible).where(schema_compat.c.id == 1)
+    ).scalar_one_or_none()
+    return int(value) if value is not None else None
+
+
+def _check_newer(found: int, latest: int, floor: int | None) -> None:
+    """Refuse a newer database this Medic cannot use (StoreError, one line); warn, once per
+    open, about one it can."""
+    if found <= latest:
+        return
+    head = f"the database's schema is version {found} but this Medic knows versions up to {latest}"
+    if floor is None:
         raise StoreError(
-            f"the database's schema is version {found} but this Medic knows versions up to "
-            f"{latest}; upgrade Medic on this host (schemas are never downgraded)"
+            f"{head}, and the database records no older version it still serves; upgrade "
+            "Medic on this host (schemas are never downgraded)"
         )
+    if not admits(latest, found, floor):
+        raise StoreError(
+            f"{head}, and version {floor} changed it in a way older Medic cannot use; upgrade "
+            f"Medic on this host to one that knows version {floor} or later (schemas are "
+            "never downgraded)"
+        )
+    log.warning(
+        "%s; its changes since version %d keep older Medic working, so this one runs: "
+        "upgrade Medic on this host",
+        head,
+        floor,
+    )
+
+
+def _record_min_compatible(conn: Connection, value: int) -> None:
+    now = datetime.now(UTC)
+    changed = conn.execute(
+        update(schema_compat)
+        .where(schema_compat.c.id == 1)
+        .values(min_compatible=value, updated_at=now)
+    ).rowcount
+    if not changed:
+        conn.execute(insert(schema_compat).values(id=1, min_compatible=value, updated_at=now))
 
 
 def migrate(
     engine: Engine, migrations: Sequence[Migration] = MIGRATIONS, target: int | None = None
 ) -> MigrationResult:
-    """Bring the database to `target` (default: the newest version in `migrations`)."""
+    """Bring the database to `target` (default: the newest version in `migrations`).
+
+    A database newer than `migrations` is left as it is: used (one WARNING) when its
+    `schema_compat` record admits this code, refused with StoreError otherwise."""
     latest = _check_sequence(migrations)
     goal = latest if target is None else target
     if not 0 <= goal <= latest:
         raise ValueError(f"target version {goal} is not between 0 and {latest}")
     with engine.connect() as conn:
         found = current_version(conn)
+        floor = recorded_min_compatible(conn) if found > latest else None
         conn.rollback()
-    _refuse_newer(found, latest)
+    _check_newer(found, latest, floor)
     if found >= goal:
         return MigrationResult(found, found)
     with writer(engine).begin() as conn:
@@ -124,7 +213,10 @@ def migrate(
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_LOCK_KEY})
         schema_version.create(conn, checkfirst=True)
         before = current_version(conn)
-        _refuse_newer(before, latest)
+        if before >= goal:  # another Medic migrated while this one waited for the lock
+            if before > latest:
+                _check_newer(before, latest, recorded_min_compatible(conn))
+            return MigrationResult(before, before)
         for migration in migrations[before:goal]:
             migration.upgrade(conn)
             conn.execute(
@@ -134,4 +226,6 @@ def migrate(
                     applied_at=datetime.now(UTC),
                 )
             )
-    return MigrationResult(before, max(before, goal))
+        if inspect(conn).has_table(schema_compat.name):
+            _record_min_compatible(conn, min_compatible(migrations, goal))
+    return MigrationResult(before, goal)
