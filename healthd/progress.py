@@ -10,8 +10,8 @@ exception.
 
 `process_evidence` collects what a hung job's processes are doing: state, wchan and kernel
 stack of each thread from /proc (below the daemon's host root, like every /proc read of
-healthd), and `py-spy dump` when it is installed, under a timeout. Everything is clipped: a
-command line or a stack is the user's text.
+healthd), and `py-spy dump --nonblocking` when it is installed, under one timeout for all.
+Everything is clipped: a command line or a stack is the user's text.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import contextlib
 import os
 import shutil
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,8 +231,11 @@ def job_processes(proc_root: Path, pid: int, uid: int) -> list[int]:
 
 def process_evidence(proc_root: Path, pids: list[int], *, py_spy_timeout: float = 5.0) -> Evidence:
     """State, wchan and kernel stack of each thread of `pids`, and py-spy's dump of each
-    when py-spy is installed (run under `py_spy_timeout`)."""
+    when py-spy is installed: `--nonblocking` (it reads the process's memory and never
+    ptrace-stops it, which medic-healthd's unit forbids), all of them within `py_spy_timeout`
+    seconds together."""
     spy = shutil.which("py-spy")
+    spy_deadline = time.monotonic() + py_spy_timeout
     out = []
     for pid in pids[:MAX_PROCESSES]:
         base = proc_root / str(pid)
@@ -257,8 +261,10 @@ def process_evidence(proc_root: Path, pids: list[int], *, py_spy_timeout: float 
                 }
             )
         dump = ""
-        if spy is not None:
-            result = proc.run([spy, "dump", "--pid", str(pid)], timeout=py_spy_timeout)
+        left = spy_deadline - time.monotonic()
+        if spy is not None and left > 0:
+            argv = [spy, "dump", "--nonblocking", "--pid", str(pid)]
+            result = proc.run(argv, timeout=left)
             dump = (result.stdout if result.ok else result.describe_failure())[:PYSPY_CHARS]
         out.append(ProcessEvidence(pid, fields[0], command, tuple(threads), dump))
     return Evidence(tuple(out))

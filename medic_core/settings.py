@@ -74,7 +74,7 @@ class DaemonSettings:
         1.0, minimum=0.1, maximum=60, doc="seconds between looks at the heartbeats"
     )
     hang_py_spy_timeout: float = setting(
-        5.0, minimum=0.5, maximum=60, doc="seconds py-spy (when installed) may take per process"
+        5.0, minimum=0.5, maximum=60, doc="seconds py-spy (when installed) may take in all"
     )
     progress_dir: str = setting(
         "/run/medic/progress", doc="heartbeat directory (jobs: $MEDIC_PROGRESS_DIR if not this)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import signal
 import statistics
 import struct
@@ -30,6 +31,7 @@ from medic_core.heartbeat import Beat
 from medic_core.slurm import JobInfo
 from slurm_hooks.checkpoint import CheckpointError
 from slurm_hooks.checkpoint import Progress as Writer
+from tests.conftest import poll
 
 S = HangSettings(factor=3.0, floor=2.0, window=5, min_steps=3)
 NODE = "n1"
@@ -338,6 +340,22 @@ def test_evidence_of_a_real_process_and_its_children(tmp_path: Path) -> None:
         assert p.threads and {"tid", "state", "wchan", "stack"} <= set(p.threads[0])
         gone = hb_reader.process_evidence(Path("/proc"), [2**22 + 7])
         assert gone.processes[0].problem == "gone or unreadable"
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+@pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not installed")
+def test_evidence_has_py_spys_dump_when_it_is_installed(tmp_path: Path) -> None:
+    blocked = "import os; os.read(os.pipe()[0], 1)"
+    child = proc.spawn([sys.executable, "-c", blocked], log_path=tmp_path / "log")
+    try:
+
+        def dumped() -> bool:
+            ev = hb_reader.process_evidence(Path("/proc"), [child], py_spy_timeout=5)
+            return "<module>" in ev.processes[0].py_spy
+
+        poll("py-spy to see the blocked interpreter", dumped, timeout=20)
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
