@@ -11,6 +11,8 @@ daemon's sandbox and write only the node's own directory)."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import re
 import shutil
 import tempfile
@@ -20,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cli.lab.cluster import Lab
-from cli.lab.production import UNIT, can_sandbox, install_wheel, unit_service
+from cli.lab.production import REPO, UNIT, can_sandbox, install_wheel, unit_service
 from medic_core import proc
 from medic_core.store import Store, open_store
 from remediation import episodes as ep
@@ -34,12 +36,28 @@ CASES = ["xid48_dbe", "xid79_off_the_bus", "nvml_hang", "row_remap_failure",
          "hardware_fault_everything_fails"]  # fmt: skip
 
 
+def wheel_venv() -> Path:
+    """The wheel's venv, built once for every test worker and this state of the tree (the
+    tracked files' hashes and the uncommitted changes name it)."""
+    key = hashlib.sha256()
+    for argv in (["git", "-C", str(REPO), "ls-files", "-s"], ["git", "-C", str(REPO), "diff"]):
+        key.update(proc.run(argv, timeout=60).stdout.encode())
+    base = Path(tempfile.gettempdir()) / f"medic-wheel-{key.hexdigest()[:16]}"
+    with open(f"{base}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ready = base / "venv" / "bin"
+        if not (ready / "medic-healthd").exists():
+            base.mkdir(exist_ok=True)
+            install_wheel(base)
+        return ready
+
+
 @pytest.fixture(scope="module")
 def production_lab() -> Iterator[Lab]:
     # A short directory: slurmstepd's socket paths must fit in 107 bytes.
     root = Path(tempfile.mkdtemp(prefix="prod-", dir="/tmp"))
     try:
-        lab = Lab(root / "lab", venv_bin=install_wheel(root))
+        lab = Lab(root / "lab", venv_bin=wheel_venv())
         lab.up(sandbox_unit=UNIT)
         try:
             yield lab
