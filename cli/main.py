@@ -93,6 +93,11 @@ COMMANDS: dict[str, LazyCommand] = {
         "report",
         "Where resilient jobs' time went (MTTR by component, ETTR) and the fleet's reliability.",
     ),
+    "store": LazyCommand(
+        "cli.store",
+        "store_group",
+        "The store's schema: its version, which Medic it serves, and upgrading it.",
+    ),
     "sweep": LazyCommand(
         "cli.sweep",
         "sweep",

@@ -154,6 +154,30 @@ def recorded_min_compatible(conn: Connection) -> int | None:
     return int(value) if value is not None else None
 
 
+@dataclass(frozen=True)
+class SchemaState:
+    """A database's schema as this code sees it, read without changing anything."""
+
+    version: int  # the database's (0: never migrated)
+    known: int  # the newest this code knows
+    min_compatible: int | None  # the database's record; None before version 5
+    pending: tuple[Migration, ...]  # what `migrate` would apply
+
+    @property
+    def admitted(self) -> bool:
+        """Whether this code may use the database (once `pending` is applied)."""
+        return admits(self.known, self.version, self.min_compatible)
+
+
+def schema_state(engine: Engine, migrations: Sequence[Migration] = MIGRATIONS) -> SchemaState:
+    known = _check_sequence(migrations)
+    with engine.connect() as conn:
+        version = current_version(conn)
+        floor = recorded_min_compatible(conn)
+        conn.rollback()
+    return SchemaState(version, known, floor, tuple(migrations[version:]))
+
+
 def _check_newer(found: int, latest: int, floor: int | None) -> None:
     """Refuse a newer database this Medic cannot use (StoreError, one line); warn, once per
     open, about one it can."""
