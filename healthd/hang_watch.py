@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from healthd.hang import HangSettings, Progress, Verdict, evaluate, observe
@@ -28,6 +28,7 @@ from healthd.progress import (
     read_beat,
     remove_beat,
 )
+from medic_core import heartbeat
 
 log = logging.getLogger("medic.healthd")
 
@@ -46,44 +47,47 @@ class Hang:
     detected: float  # time.time() when the hang was declared
 
 
+@dataclass(frozen=True)
+class WatchSettings:
+    """The `[healthd] hang_*` keys and `progress_dir`, as the watch uses them."""
+
+    enabled: bool = True
+    hang: HangSettings = field(default_factory=HangSettings)
+    directory: Path = Path(heartbeat.DEFAULT_DIR)
+    poll: float = 1.0
+    py_spy_timeout: float = 5.0
+
+
 class HangWatch:
+    """`settings` is asked at every look, so a reload (SIGHUP) applies at the next one."""
+
     def __init__(
         self,
         node: str,
-        directory: Path,
-        settings: HangSettings,
+        settings: Callable[[], WatchSettings],
         job_ids: Callable[[], tuple[str, ...] | None],
         respond: Callable[[Hang], bool],
         *,
         proc_root: Path = Path("/proc"),
-        poll: float = 1.0,
-        py_spy_timeout: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         read: Callable[[Path, str, str], BeatRead] = read_beat,
     ) -> None:
         self.node = node
-        self.directory = directory
         self.settings = settings
         self.job_ids = job_ids
         self.respond = respond
         self.proc_root = proc_root
-        self.poll = poll
-        self.py_spy_timeout = py_spy_timeout
         self.clock = clock
         self.read = read
         self.progress: dict[str, Progress] = {}
         self._answered: dict[str, tuple[int | None, float]] = {}  # job -> (step, retry at)
         self._refused: dict[str, str] = {}  # job -> the problem logged once
+        self._prepared: Path | None = None  # the heartbeat directory made ready
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def start(self) -> threading.Thread:
-        problem = prepare_dir(self.directory)
-        if problem:
-            log.error("hang detection: heartbeat directory unusable: %s", problem)
         thread = threading.Thread(target=self.loop, name="hang-watch", daemon=True)
         thread.start()
-        self._thread = thread
         return thread
 
     def stop(self) -> None:
@@ -91,47 +95,59 @@ class HangWatch:
 
     def loop(self) -> None:
         while not self._stop.is_set():
+            poll = 1.0
             try:
+                poll = self.settings().poll
                 self.look()
             except Exception:
                 log.exception("hang watch: one look failed")
-            self._stop.wait(self.poll)
+            self._stop.wait(poll)
 
     def look(self) -> list[Verdict]:
         """One look at every job on the node; hangs go to `respond`. Returns the verdicts."""
+        settings = self.settings()
+        if not settings.enabled:
+            for job_id in set(self.progress) | set(self._refused):
+                self._forget(job_id, remove=False)
+            return []
+        if self._prepared != settings.directory:
+            problem = prepare_dir(settings.directory)
+            if problem:
+                log.error("hang detection: heartbeat directory unusable: %s", problem)
+            self._prepared = settings.directory
         ids = self.job_ids()
         if ids is None:  # the spool cannot be read: keep what is known, judge nothing
             return []
-        for gone in set(self.progress) - set(ids):
+        for gone in (set(self.progress) | set(self._refused)) - set(ids):
             self._forget(gone)
         verdicts = []
         for job_id in ids:
-            read = self.read(self.directory, job_id, self.node)
+            read = self.read(settings.directory, job_id, self.node)
             if read.problem and self._refused.get(job_id) != read.problem:
                 log.warning("job %s: heartbeat ignored: %s", job_id, read.problem)
                 self._refused[job_id] = read.problem
             now = self.clock()
             before = self.progress.get(job_id) or Progress(job_id)
-            progress = observe(before, read.beat, now, self.settings)
+            progress = observe(before, read.beat, now, settings.hang)
             if read.beat is None and job_id not in self.progress:
                 continue  # never reported here: not watched
             self.progress[job_id] = progress
-            verdict = evaluate(progress, now, self.settings)
+            verdict = evaluate(progress, now, settings.hang)
             verdicts.append(verdict)
             answered = self._answered.get(job_id)
             if answered is not None and answered[0] != verdict.step:
                 del self._answered[job_id]  # it moved again (or a new run): watched afresh
                 answered = None
             if verdict.hung and (answered is None or (answered[1] and now >= answered[1])):
-                self._hand_over(verdict, read, now)
+                self._hand_over(verdict, read, settings.py_spy_timeout)
         return verdicts
 
-    def _hand_over(self, verdict: Verdict, read: BeatRead, now: float) -> None:
+    def _hand_over(self, verdict: Verdict, read: BeatRead, py_spy_timeout: float) -> None:
         pid = read.beat.pid if read.beat is not None else 0
         evidence = Evidence(problems=("no writer pid in the heartbeat",))
         if read.owner is not None and pid > 0:
             pids = job_processes(self.proc_root, pid, read.owner)
-            evidence = process_evidence(self.proc_root, pids, py_spy_timeout=self.py_spy_timeout)
+            evidence = process_evidence(self.proc_root, pids, py_spy_timeout=py_spy_timeout)
             if not pids:  # gone, or a pid the job wrote that is not its own
                 missing = f"pid {pid} not found under {self.proc_root} as uid {read.owner}"
                 evidence = Evidence(problems=(missing,))
@@ -145,9 +161,10 @@ class HangWatch:
         retry = 0.0 if complete else self.clock() + RETRY_SECONDS
         self._answered[verdict.job_id] = (verdict.step, retry)
 
-    def _forget(self, job_id: str) -> None:
+    def _forget(self, job_id: str, *, remove: bool = True) -> None:
         """The job left the node: its history, and its heartbeat file, go."""
         self.progress.pop(job_id, None)
         self._answered.pop(job_id, None)
         self._refused.pop(job_id, None)
-        remove_beat(self.directory, job_id, self.node)
+        if remove and self._prepared is not None:
+            remove_beat(self._prepared, job_id, self.node)

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from healthd.checks.base import Result, Status
 from healthd.hang import HangSettings
-from healthd.hang_watch import Hang, HangWatch
+from healthd.hang_watch import Hang, HangWatch, WatchSettings
 from healthd.jobs import SpoolJobState
 from healthd.ladder_host import DaemonLadderHost
 from healthd.ladder_host import HealthDaemon as HostDaemon
@@ -373,25 +373,31 @@ def attach_ladder(daemon: LadderDaemon) -> LadderThread:
     return thread
 
 
-def watch_hangs(daemon: LadderDaemon, thread: LadderThread) -> HangWatch | None:
-    """The progress watch of `[healthd] hang_*` (None with hang_detection = false)."""
-    settings = DaemonSettings.from_config(daemon.config)
-    if not settings.hang_detection:
-        return None
+def watch_hangs(daemon: LadderDaemon, thread: LadderThread) -> HangWatch:
+    """The progress watch, reading `[healthd] hang_*` and `progress_dir` from the daemon's
+    configuration at every look (a reload applies at the next one)."""
     node = daemon.node
-    spool = Path(settings.slurmd_spool_dir.replace("%n", node).replace("{node}", node))
+    spool: list[Path] = []  # slurmd's spool as the last look's settings name it
+
+    def settings() -> WatchSettings:
+        s = DaemonSettings.from_config(daemon.config)
+        spool[:] = [Path(s.slurmd_spool_dir.replace("%n", node).replace("{node}", node))]
+        return WatchSettings(
+            enabled=s.hang_detection,
+            hang=HangSettings(
+                factor=s.hang_factor,
+                floor=s.hang_floor,
+                window=s.hang_window,
+                min_steps=s.hang_min_steps,
+            ),
+            directory=Path(s.progress_dir),
+            poll=s.hang_poll,
+            py_spy_timeout=s.hang_py_spy_timeout,
+        )
+
+    def job_ids() -> tuple[str, ...] | None:
+        return SpoolJobState(spool[0], node).job_ids() if spool else None
+
     return HangWatch(
-        node,
-        Path(settings.progress_dir),
-        HangSettings(
-            factor=settings.hang_factor,
-            floor=settings.hang_floor,
-            window=settings.hang_window,
-            min_steps=settings.hang_min_steps,
-        ),
-        SpoolJobState(spool, node).job_ids,
-        thread.respond_hang,
-        proc_root=daemon.config.paths.proc,
-        poll=settings.hang_poll,
-        py_spy_timeout=settings.hang_py_spy_timeout,
+        node, settings, job_ids, thread.respond_hang, proc_root=daemon.config.paths.proc
     )

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from cli.ckpt import ckpt
 from healthd import progress as hb_reader
 from healthd.hang import HangSettings, Progress, Sample, State, evaluate, observe, step_times
-from healthd.hang_watch import Hang, HangWatch
+from healthd.hang_watch import Hang, HangWatch, WatchSettings
 from healthd.progress import BeatRead, prepare_dir, read_beat
 from medic_core import heartbeat, proc
 from medic_core.heartbeat import Beat
@@ -392,8 +392,7 @@ def watch(tmp_path: Path) -> Iterator[tuple[HangWatch, Clock, dict[str, FakeJob]
     hangs: list[Hang] = []
     w = HangWatch(
         NODE,
-        tmp_path,
-        S,
+        lambda: WatchSettings(hang=S, directory=tmp_path),
         lambda: tuple(jobs),
         lambda h: hangs.append(h) or True,
         proc_root=tmp_path / "no-proc",
@@ -437,8 +436,8 @@ def test_watch_collects_the_writers_stacks_from_proc(tmp_path: Path) -> None:
         at = stopped[0] if stopped else clock.now  # the job stops moving once stopped
         return BeatRead(Beat(2, int(at), int(at * 1e9), me), os.geteuid())
 
-    w = HangWatch(NODE, tmp_path, S, lambda: ("7",), lambda h: hangs.append(h) or True,
-                  clock=clock, read=read)  # fmt: skip
+    w = HangWatch(NODE, lambda: WatchSettings(hang=S, directory=tmp_path), lambda: ("7",),
+                  lambda h: hangs.append(h) or True, clock=clock, read=read)  # fmt: skip
     for _ in range(6):
         w.look()
         clock.now += 1.0
@@ -473,7 +472,8 @@ def test_watch_forgets_a_job_that_left_and_removes_its_file(tmp_path: Path) -> N
     prepare_dir(d)
     put(d, heartbeat.RECORD.pack(heartbeat.MAGIC, 2, 5, 10, 1))
     ids: list[str] = ["42"]
-    w = HangWatch(NODE, d, S, lambda: tuple(ids), lambda h: True, clock=Clock())
+    current = WatchSettings(hang=S, directory=d)
+    w = HangWatch(NODE, lambda: current, lambda: tuple(ids), lambda h: True, clock=Clock())
     w.look()
     assert "42" in w.progress
     ids.clear()
@@ -482,6 +482,14 @@ def test_watch_forgets_a_job_that_left_and_removes_its_file(tmp_path: Path) -> N
     assert w.look() == []
     w.job_ids = lambda: None  # spool unreadable: nothing judged, nothing forgotten
     assert w.look() == []
+    # A reload that turns it off: nothing watched; a new directory is prepared when named.
+    ids.append("42")
+    w.job_ids = lambda: tuple(ids)
+    current = WatchSettings(enabled=False, hang=S, directory=d)
+    assert w.look() == [] and w.progress == {}
+    current = WatchSettings(hang=S, directory=tmp_path / "moved")
+    w.look()
+    assert oct((tmp_path / "moved").stat().st_mode & 0o7777) == oct(heartbeat.DIR_MODE)
 
 
 # ---- the answer: one decision point, one charge, no drain ------------------------------
