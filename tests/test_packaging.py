@@ -1,6 +1,8 @@
 """What ships is what is tested: the wheel built from the tracked files carries every file the
 packages need, and the C parts (medic-hook, the SPANK plugin) build from the installed wheel
-alone, outside the source tree."""
+alone, outside the source tree; the sdist carries the units and docs, and a wheel built from
+it (as pip builds one from an sdist) is the same as the one built from the tree. The lab runs
+from an installed wheel in its production mode (tests/test_production_lab.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 import shutil
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,3 +109,36 @@ def test_a_missing_source_is_one_line_naming_it(tmp_path: Path) -> None:
     broken.write_text("int main(void) { return x; }\n")
     with pytest.raises(BuildError, match=r"broken\.c:1:\d+: error: .x. undeclared"):
         compile_c(broken, tmp_path / "out", [])
+
+
+def test_the_sdist_carries_the_units_and_docs_and_builds_the_same_wheel(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """The sdist of the tracked files (`python -m build`, isolated as a release build is),
+    then a wheel from the unpacked sdist: the same files as the wheel from the tree."""
+    src = wheel.parent.parent / "src"
+    sdist_dir = tmp_path / "sdist"
+    built = proc.run(
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(sdist_dir), str(src)],
+        timeout=300,
+    )
+    assert built.ok, built.describe_failure()
+    [sdist] = sdist_dir.glob("slurm_medic-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
+        archive.extractall(tmp_path / "unpacked", filter="data")
+    wanted = {
+        "systemd/medic-healthd.service", "systemd/medic-repair@.service", "systemd/medic.slice",
+        "systemd/medic-sweep.service", "systemd/medic-sweep.timer", "LICENSE", "README.md",
+        "docs/operator-guide.md", "slurm_hooks/native/medic_hook.c", "pyproject.toml",
+    }  # fmt: skip
+    assert wanted <= names, wanted - names
+    [unpacked] = (tmp_path / "unpacked").iterdir()
+    again = proc.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "w"),
+         str(unpacked)],
+        timeout=300,
+    )  # fmt: skip
+    assert again.ok, again.describe_failure()
+    [from_sdist] = (tmp_path / "w").glob("slurm_medic-*.whl")
+    assert set(zipfile.ZipFile(from_sdist).namelist()) == set(zipfile.ZipFile(wheel).namelist())
