@@ -4,7 +4,9 @@ heartbeat, then blocks (a read nobody will ever answer, as a rank stuck in a col
 
 The daemon runs with small thresholds (floor 2 s, k 3, a look every 0.2 s): the job is
 requeued from its last checkpoint and runs again within 2 x the threshold + 5 s of its last
-step, the node stays in service, the restart is charged once.
+step, the node stays in service, the restart is charged once. The same for a 2-node job
+whose rank on one node blocks while the other waits for it in a "collective" (issue 14's
+lab proof).
 """
 
 from __future__ import annotations
@@ -100,3 +102,118 @@ def test_a_hung_resilient_job_is_requeued_and_resumes_from_its_checkpoint(
     # (evidence from the real /proc: tests/test_hang.py).
     assert hang.evidence["processes"] == []
     assert "not found under" in hang.evidence["problems"][0]
+
+
+# Two ranks, one per node, that step together as in data-parallel training: before each
+# step a rank waits for the other to reach it (as a collective does). The rank on the
+# blocking node blocks after step 25; the other then waits for ever in its "collective".
+JOB_2N = """\
+import json, os, sys, time
+from pathlib import Path
+from slurm_hooks.checkpoint import CheckpointDir, progress, restart_count
+
+hung_mark, blocking_node, sync = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+rank, node, run = int(os.environ["SLURM_PROCID"]), os.environ["SLURMD_NODENAME"], restart_count()
+ckpt = CheckpointDir()
+last = ckpt.resume_step()
+first = 0 if last is None else last + 1
+print(f"run={run} rank={rank} node={node} resume={last}", flush=True)
+
+
+def collective(step):
+    mine = sync / f"{run}.{rank}"
+    (sync / f".{run}.{rank}").write_text(str(step))
+    os.replace(sync / f".{run}.{rank}", mine)
+    other = sync / f"{run}.{1 - rank}"
+    while True:
+        try:
+            if int(other.read_text()) >= step:
+                return
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.01)
+
+
+for step in range(first, first + 1000):
+    collective(step)
+    progress(step)
+    if rank == 0 and step % 10 == 0:
+        with ckpt.writing(step) as tmp:
+            (tmp / "w").write_text(str(step))
+    if run == 0 and node == blocking_node and step == HUNG_AT:
+        with open(hung_mark, "w") as f:
+            json.dump({"time": time.time(), "pid": os.getpid()}, f)
+        os.read(os.pipe()[0], 1)  # blocks for ever: the hang
+    if run > 0 and step >= first + 5:
+        break
+    time.sleep(0.1)
+print(f"rank {rank} done at {step}", flush=True)
+""".replace("HUNG_AT", str(HUNG_AT))
+
+
+def test_a_two_node_job_whose_rank_on_one_node_blocks_is_requeued_once(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """Issue 14's lab proof: a 2-node resilient job whose process on one node blocks (and
+    the other's then waits in its collective) is requeued and resumes within 2 x the
+    threshold + 5 s. Both nodes' daemons see the hang; the restart is charged once."""
+    conf = tmp_path / "medic.toml"
+    extra = f"hang_floor = {FLOOR}\nhang_factor = 3.0\nhang_poll = 0.2\nhang_min_steps = 3\n"
+    conf.write_text(
+        lab.layout.medic_conf.read_text().replace("[healthd]\n", f"[healthd]\n{extra}", 1)
+    )
+    for name in ("n1", "n2"):
+        lab.start_healthd(name, config=conf)
+    script, hung, out, ckpt_dir = (tmp_path / n for n in ("train.py", "hung", "out", "ckpt"))
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    script.write_text(JOB_2N)
+    env = lab.process_env()
+    env.update(
+        {"MEDIC_CHECKPOINT_DIR": str(ckpt_dir), "PYTHONPATH": str(Path(__file__).parents[1])}
+    )
+    others = ",".join(n for n in lab.node_names() if n not in ("n1", "n2"))
+    from medic_core import proc
+
+    run = f"srun --ntasks-per-node=1 {sys.executable} {script} {hung} n2 {sync}"
+    submitted = proc.run(
+        ["sbatch", "--parsable", "--resilient=2", "-N2", f"--exclude={others}",
+         f"--output={out}", "--open-mode=append", "--wrap", run],
+        timeout=15, env=env, check=True,
+    )  # fmt: skip
+    job_id = submitted.stdout.strip().split(";")[0]
+    poll("the rank on n2 to hang", hung.exists, timeout=60)
+    stopped = json.loads(hung.read_text())["time"]
+    checkpoints = CheckpointDir(ckpt_dir)
+    poll("the job to run again", lambda: bool(checkpoints.resumes()), timeout=30)
+    recovery = checkpoints.resumes()[0].time - stopped
+    print(f"\n2 nodes: last step -> running again from its checkpoint: {recovery:.2f} s "
+          f"(threshold {FLOOR:g} s, budget {2 * FLOOR + 5:g} s)")  # fmt: skip
+    assert recovery <= 2 * FLOOR + 5
+    assert {r.step for r in checkpoints.resumes()} == {20}
+    poll("the job to complete", lambda: job(lab, job_id)["job_state"] == "COMPLETED", timeout=30)
+    runs = sorted(line for line in out.read_text().splitlines() if line.startswith("run="))
+    assert runs == [
+        "run=0 rank=0 node=n1 resume=None",
+        "run=0 rank=1 node=n2 resume=None",
+        "run=1 rank=0 node=n1 resume=20",
+        "run=1 rank=1 node=n2 resume=20",
+    ]
+    info = job(lab, job_id)
+    assert info["restart_cnt"] == 1
+    assert Ledger.parse(str(info.get("admin_comment") or "")) == Ledger(1, ("run0",))
+    assert not drained_by_medic(lab, "n1") and not drained_by_medic(lab, "n2")
+    with open_store(f"sqlite:///{lab.layout.store_db}") as store:
+        hangs = {
+            name: [
+                e
+                for e in store.events(name, kind="job_action")
+                if e.target == f"job:{job_id}" and e.evidence.get("action") == "hang"
+            ]
+            for name in ("n1", "n2")
+        }
+    # Whichever daemon saw it first requeued the job; the other then found it no longer
+    # running there (seen: n2 at 2.08 s, n1 nothing) and charged nothing.
+    assert any(hangs.values())
+    for events in hangs.values():
+        assert all(e.evidence["step"] == HUNG_AT for e in events)
