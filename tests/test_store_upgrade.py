@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import tempfile
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
+from healthd.api import ask
+from medic_core.proc import spawn
 from medic_core.store import (
     MIGRATIONS,
     Compat,
@@ -37,7 +41,9 @@ from medic_core.store import (
 from medic_core.store.engine import make_engine, parse_url
 from medic_core.store.migrations import admits, min_compatible
 from remediation.episodes import ACTING, RESOLVED, EpisodeStore
+from tests.conftest import poll
 from tests.pg import PostgresServer, pg_server  # noqa: F401  (pytest fixture)
+from tests.test_daemon import plain_config, start_daemon, stop_daemon
 
 T0 = datetime(2026, 11, 1, 8, 0, tzinfo=UTC)
 OLD = len(MIGRATIONS)  # the version this code knows
@@ -196,6 +202,55 @@ def test_a_newer_database_with_no_compatibility_record_is_refused(url: str) -> N
         open_store(url)
     with pytest.raises(StoreError, match="knows versions up to 4, and the database records"):
         open_store(url, migrations=PREVIOUS_RELEASE)
+
+
+def _exit_status(pid: int, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"medic-healthd {pid} still running after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def test_real_daemons_through_an_upgrade(url: str, tmp_path: Path) -> None:
+    """An old medic-healthd (this version) keeps running while the store is migrated to an
+    additive version, starts again on it with one WARNING and writes its conditions; after a
+    breaking version it exits 1 with one line and no traceback."""
+    config = plain_config(tmp_path, f'[store]\nurl = "{url}"\n')
+    log = tmp_path / "healthd.log"
+    sock = tmp_path / "healthd.sock"
+    pid = start_daemon(tmp_path, config)
+    try:
+        open_store(url, migrations=ADDITIVE_ONLY).close()  # the admin host's step 1
+        reply = ask(sock, {"op": "status"}, timeout=5)  # reads episodes and tickets
+        assert "store" not in reply, reply
+    finally:
+        stop_daemon(pid, log)
+
+    pid = start_daemon(tmp_path, config)  # restarted (a crash, a reboot) on schema 6
+    try:
+        assert "store" not in ask(sock, {"op": "status"}, timeout=5)
+        with open_store(url, migrations=ADDITIVE_ONLY) as new:
+            poll("the old daemon's conditions", lambda: bool(new.conditions(node="plain1")), 30)
+    finally:
+        stop_daemon(pid, log)
+    warned = [line for line in log.read_text().splitlines() if "WARNING medic.store" in line]
+    assert len(warned) == 1 and f"schema is version {OLD + 1}" in warned[0], warned
+
+    open_store(url, migrations=FUTURE).close()
+    log.write_text("")
+    venv_bin = Path(os.sys.executable).parent  # type: ignore[attr-defined]
+    env = {**os.environ, "MEDIC_CONFIG": str(config), "MEDIC_NODE_NAME": "plain1"}
+    pid = spawn([str(venv_bin / "medic-healthd")], log_path=log, env=env)
+    assert _exit_status(pid) == 1  # not 78: systemd starts it again, and the upgrade ends it
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    assert "Traceback" not in log.read_text()
+    [refusal] = [line for line in lines if "medic-healthd:" in line]
+    assert f"schema is version {OLD + 2} but this Medic knows versions up to {OLD}" in refusal
+    assert f"upgrade Medic on this host to one that knows version {OLD + 2}" in refusal
 
 
 def _migrate_and_write(url: str, barrier: Any, name: str) -> None:
