@@ -19,6 +19,12 @@ ladder thread calls `deliver_pending`, which never waits on the network: it hand
 rows to the store's delivery thread (a `Dispatcher`, with a bounded queue) and returns.
 `deliver_round` sends them in the calling thread instead (tests, tools). See docs/rma.md.
 
+On PostgreSQL one daemon of the fleet sends (`SenderElection`): the one holding a
+session-level advisory lock on a connection it keeps. The others try to take the lock about
+once a minute (one `SELECT pg_try_advisory_lock`, no table read) and never read the outbox;
+when the sender's daemon dies its session ends and the lock with it. On SQLite every daemon
+sends (its own store, or the lab's few daemons sharing one file).
+
 Standard library only: http.client and ssl do all of this, and every dependency is one more
 thing to patch on every node.
 """
@@ -45,7 +51,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Connection, Engine, event, select, text, update
 from sqlalchemy.orm import Session
 
 from medic_core.settings import WebhookSettings
@@ -66,6 +72,11 @@ ERROR_LEN = 500
 DETAIL_LEN = 300  # bytes of an error answer's body kept in last_error
 RETRY_AFTER_LONGEST = 7 * 86400.0  # a larger (or garbled) Retry-After counts as this
 QUEUE_SIZE = 256  # deliveries waiting for the delivery thread; the oldest are dropped beyond
+# The PostgreSQL session-level advisory lock whose holder is the fleet's one webhook sender
+# (distinct from the migration, admission and sweep locks).
+SENDER_LOCK_KEY = 0x4D45445748  # "MEDWH"
+ELECTION_PERIOD = 60.0  # seconds between a non-sender's tries (jittered down to half)
+VERIFY_PERIOD = 10.0  # seconds between the sender's checks of its held connection
 
 Clock = Callable[[], dt.datetime]
 
@@ -560,6 +571,138 @@ class Dispatcher:
                     self._finished.append(delivery)
 
 
+class SenderElection:
+    """Which daemon of a fleet sends the webhooks. On PostgreSQL: the one holding the
+    session-level advisory lock SENDER_LOCK_KEY on a connection it keeps out of the pool.
+    A daemon without it tries to take it at most once per `period` seconds (jittered
+    between half and all of it, so a fleet does not try in step): one statement, no table
+    read. The sender checks its connection every `verify_every` seconds (`SELECT 1`) and
+    drops the role on any error, with one log line; its lock went with its session, and
+    another daemon takes it at its next try. Closing the store (engine disposed) releases
+    it. On SQLite every daemon is a sender. `clock` (monotonic seconds) and `rng` are for
+    tests."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        period: float = ELECTION_PERIOD,
+        verify_every: float = VERIFY_PERIOD,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Callable[[], float] = random.random,
+        key: int = SENDER_LOCK_KEY,
+    ) -> None:
+        self.period = period
+        self.verify_every = verify_every
+        self.clock = clock
+        self.rng = rng
+        self.key = key
+        self.backend = store.backend
+        self._engine: Engine = store.engine
+        self._lock = threading.Lock()
+        self._held: Connection | None = None
+        self._next_try = float("-inf")  # the first call tries at once
+        self._next_verify = float("-inf")
+        self._closed = False
+        if self.backend == "postgresql":
+            event.listen(self._engine, "engine_disposed", self._on_dispose)
+
+    def is_sender(self) -> bool:
+        """Whether this daemon sends now; takes or checks the role when its time has come."""
+        if self.backend != "postgresql":
+            return True
+        with self._lock:
+            if self._closed:
+                return False
+            now = self.clock()
+            if self._held is not None:
+                if now >= self._next_verify:
+                    self._verify(now)
+                return self._held is not None
+            if now >= self._next_try:
+                self._next_try = now + self.period * (1.0 - 0.5 * self.rng())
+                self._try(now)
+            return self._held is not None
+
+    @property
+    def holding(self) -> bool:
+        """The role as last known, without touching the database."""
+        return self._held is not None
+
+    def _try(self, now: float) -> None:
+        conn = None
+        try:
+            conn = self._engine.connect()
+            got = bool(
+                conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}).scalar()
+            )
+            conn.commit()  # the session lock outlives the transaction
+        except Exception as exc:
+            log.debug("webhook sender election: cannot try the lock: %s", _first_line(exc))
+            got = False
+        if not got:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            return
+        self._held = conn
+        self._next_verify = now + self.verify_every
+        log.info("webhook: this daemon is the fleet's webhook sender (advisory lock %#x)", self.key)
+
+    def _verify(self, now: float) -> None:
+        held = self._held
+        assert held is not None
+        try:
+            held.execute(text("SELECT 1"))
+            held.commit()
+        except Exception as exc:
+            log.warning(
+                "webhook: no longer the fleet's webhook sender (its store connection failed:"
+                " %s); another daemon takes over within %.0f s",
+                _first_line(exc),
+                self.period,
+            )
+            self._drop()
+            self._next_try = now + self.period * (1.0 - 0.5 * self.rng())
+            return
+        self._next_verify = now + self.verify_every
+
+    def _drop(self) -> None:
+        held, self._held = self._held, None
+        if held is None:
+            return
+        with contextlib.suppress(Exception):
+            held.invalidate()  # never back to the pool: its session may still hold the lock
+        with contextlib.suppress(Exception):
+            held.close()
+
+    def _on_dispose(self, engine: Engine) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Give the role up (the session ends, and the lock with it)."""
+        with self._lock:
+            self._closed = True
+            self._drop()
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+_elections: weakref.WeakKeyDictionary[Store, SenderElection] = weakref.WeakKeyDictionary()
+
+
+def election(store: Store) -> SenderElection:
+    """The sender election of `store`, made on first use."""
+    with _dispatchers_lock:
+        current = _elections.get(store)
+        if current is None:
+            current = _elections[store] = SenderElection(store)
+        return current
+
+
 _dispatchers: weakref.WeakKeyDictionary[Store, Dispatcher] = weakref.WeakKeyDictionary()
 _dispatchers_lock = threading.Lock()
 
@@ -576,10 +719,22 @@ def dispatcher(store: Store, settings: WebhookSettings) -> Dispatcher:
         return current
 
 
-def deliver_pending(store: Store, settings: WebhookSettings, *, limit: int = 100) -> list[Delivery]:
+def deliver_pending(
+    store: Store,
+    settings: WebhookSettings,
+    *,
+    limit: int = 100,
+    sender: SenderElection | None = None,
+) -> list[Delivery]:
     """What the daemon's ladder thread calls every round: hands the due outbox rows to the
     store's delivery thread and returns at once, with the deliveries that thread finished
-    since the previous call. It never waits on the network (`deliver_round` does)."""
+    since the previous call. It never waits on the network (`deliver_round` does). On
+    PostgreSQL only the fleet's elected sender reads the outbox (`SenderElection`; `sender`
+    is for tests): the others return at once, having at most tried to take the role."""
+    if not (sender or election(store)).is_sender():
+        with _dispatchers_lock:
+            current = _dispatchers.get(store)
+        return current.finished() if current is not None else []
     worker = dispatcher(store, settings)
     worker.offer(limit)
     return worker.finished()
@@ -607,10 +762,12 @@ __all__ = [
     "DeliveryResult",
     "Dispatcher",
     "Sender",
+    "SenderElection",
     "WebhookSettings",
     "deliver_pending",
     "deliver_round",
     "dispatcher",
+    "election",
     "encode",
     "outbox",
     "sign",
