@@ -11,6 +11,7 @@ answer from both: this module decides nothing about Slurm.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -22,6 +23,8 @@ from healthd.hang import HangSettings, Progress, Verdict, evaluate, observe
 from healthd.progress import (
     BeatRead,
     Evidence,
+    GpuReader,
+    gpu_evidence,
     job_processes,
     prepare_dir,
     process_evidence,
@@ -45,6 +48,7 @@ class Hang:
     pid: int  # the process that wrote the heartbeat
     evidence: Evidence
     detected: float  # time.time() when the hang was declared
+    evidence_s: float = 0.0  # seconds spent collecting the evidence
 
 
 @dataclass(frozen=True)
@@ -69,9 +73,11 @@ class HangWatch:
         respond: Callable[[Hang], bool],
         *,
         proc_root: Path = Path("/proc"),
+        gpus: GpuReader | None = None,
         clock: Callable[[], float] = time.monotonic,
         read: Callable[[Path, str, str], BeatRead] = read_beat,
     ) -> None:
+        self.gpus = gpus  # NVML, for the GPUs' utilisation in the evidence (None: no GPUs)
         self.node = node
         self.settings = settings
         self.job_ids = job_ids
@@ -144,6 +150,7 @@ class HangWatch:
 
     def _hand_over(self, verdict: Verdict, read: BeatRead, py_spy_timeout: float) -> None:
         pid = read.beat.pid if read.beat is not None else 0
+        started = time.monotonic()
         evidence = Evidence(problems=("no writer pid in the heartbeat",))
         if read.owner is not None and pid > 0:
             pids = job_processes(self.proc_root, pid, read.owner)
@@ -151,7 +158,10 @@ class HangWatch:
             if not pids:  # gone, or a pid the job wrote that is not its own
                 missing = f"pid {pid} not found under {self.proc_root} as uid {read.owner}"
                 evidence = Evidence(problems=(missing,))
-        hang = Hang(self.node, verdict, read.owner, pid, evidence, time.time())
+            if self.gpus is not None:
+                evidence = dataclasses.replace(evidence, gpus=gpu_evidence(self.gpus, pids))
+        spent = time.monotonic() - started
+        hang = Hang(self.node, verdict, read.owner, pid, evidence, time.time(), spent)
         log.warning("%s; evidence from %d processes", verdict.describe(), len(evidence.processes))
         try:
             complete = self.respond(hang)

@@ -254,6 +254,7 @@ class LadderThread:
             "median_step_s": round(verdict.median or 0.0, 6),
             "steps_timed": verdict.steps_timed,
             "pid": hang.pid,
+            "evidence_s": round(hang.evidence_s, 3),
             "drain": None,
             "why": decision.why,
             **hang.evidence.to_json(),
@@ -398,6 +399,12 @@ def watch_hangs(daemon: LadderDaemon, thread: LadderThread) -> HangWatch:
     def job_ids() -> tuple[str, ...] | None:
         return SpoolJobState(spool[0], node).job_ids() if spool else None
 
+    plumbing = getattr(daemon, "gpu", None)  # the daemon's NVML (None on a CPU node)
     return HangWatch(
-        node, settings, job_ids, thread.respond_hang, proc_root=daemon.config.paths.proc
+        node,
+        settings,
+        job_ids,
+        thread.respond_hang,
+        proc_root=daemon.config.paths.proc,
+        gpus=plumbing.client if plumbing is not None else None,
     )

@@ -202,6 +202,15 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class Utilization:
+    """nvmlDeviceGetUtilizationRates: percent of the last sample period the GPU ran a
+    kernel, and its memory was read or written."""
+
+    gpu_pct: int
+    memory_pct: int
+
+
+@dataclass(frozen=True)
 class MemoryUsage:
     total_mib: int
     used_mib: int  # excludes the driver's reservation where NVML reports it (v2)
@@ -686,6 +695,13 @@ class PynvmlClient:
             )
 
         return self._device("nvmlDeviceGetComputeRunningProcesses", index, read)
+
+    def utilization(self, index: int) -> Utilization:
+        def read(nv: ModuleType, handle: Any) -> Utilization:
+            rates = nv.nvmlDeviceGetUtilizationRates(handle)
+            return Utilization(int(rates.gpu), int(rates.memory))
+
+        return self._device("nvmlDeviceGetUtilizationRates", index, read)
 
     def memory(self, index: int) -> MemoryUsage:
         def read(nv: ModuleType, handle: Any) -> MemoryUsage:

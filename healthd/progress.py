@@ -21,10 +21,12 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from healthd.nvml_client import GpuProcess, Utilization
 from medic_core import heartbeat, proc
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -169,12 +171,50 @@ class ProcessEvidence:
 class Evidence:
     processes: tuple[ProcessEvidence, ...] = ()
     problems: tuple[str, ...] = field(default=())
+    gpus: tuple[dict[str, Any], ...] = ()  # index, gpu_pct, memory_pct, job_pids (or problem)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "processes": [p.to_json() for p in self.processes],
             "problems": list(self.problems),
+            "gpus": list(self.gpus),
         }
+
+
+class GpuReader(Protocol):
+    """What `gpu_evidence` reads of NVML (healthd.nvml_client.PynvmlClient)."""
+
+    def device_count(self) -> int: ...
+
+    def utilization(self, index: int) -> Utilization: ...
+
+    def processes(self, index: int) -> tuple[GpuProcess, ...]: ...
+
+
+MAX_GPUS = 64
+
+
+def gpu_evidence(client: GpuReader, pids: Collection[int]) -> tuple[dict[str, Any], ...]:
+    """Each GPU's utilisation and which of `pids` run on it: a hung collective often spins
+    at 100 %, a job stuck outside the GPU leaves it at 0. Every call has NVML's deadline
+    (the client's); a GPU that does not answer says so in its entry."""
+    try:
+        count = min(client.device_count(), MAX_GPUS)
+    except Exception as exc:
+        return ({"problem": f"NVML: {exc}"[:200]},)
+    found = []
+    for index in range(count):
+        try:
+            rates = client.utilization(index)
+            on_it = sorted({p.pid for p in client.processes(index)} & set(pids))
+        except Exception as exc:
+            found.append({"index": index, "problem": f"{exc}"[:200]})
+            continue
+        found.append(
+            {"index": index, "gpu_pct": rates.gpu_pct, "memory_pct": rates.memory_pct,
+             "job_pids": on_it}
+        )  # fmt: skip
+    return tuple(found)
 
 
 def _read(path: Path, limit: int) -> str:

@@ -25,6 +25,7 @@ from cli.ckpt import ckpt
 from healthd import progress as hb_reader
 from healthd.hang import HangSettings, Progress, Sample, State, evaluate, observe, step_times
 from healthd.hang_watch import Hang, HangWatch, WatchSettings
+from healthd.nvml_client import GpuProcess, Utilization
 from healthd.progress import BeatRead, prepare_dir, read_beat
 from medic_core import heartbeat, proc
 from medic_core.heartbeat import Beat
@@ -361,6 +362,38 @@ def test_evidence_has_py_spys_dump_when_it_is_installed(tmp_path: Path) -> None:
         os.waitpid(child, 0)
 
 
+class FakeGpus:
+    """Two GPUs: 0 runs the job's process at 100 %, 1 does not answer."""
+
+    def __init__(self, job_pid: int) -> None:
+        self.job_pid = job_pid
+
+    def device_count(self) -> int:
+        return 2
+
+    def utilization(self, index: int) -> Utilization:
+        if index == 1:
+            raise TimeoutError("nvmlDeviceGetUtilizationRates: no answer after 3.0s")
+        return Utilization(100, 7)
+
+    def processes(self, index: int) -> tuple[GpuProcess, ...]:
+        return (GpuProcess(self.job_pid, 1000), GpuProcess(4242, 10))
+
+
+def test_gpu_evidence_names_the_jobs_gpus_and_survives_a_hung_call() -> None:
+    found = hb_reader.gpu_evidence(FakeGpus(77), [77, 78])
+    assert found == (
+        {"index": 0, "gpu_pct": 100, "memory_pct": 7, "job_pids": [77]},
+        {"index": 1, "problem": "nvmlDeviceGetUtilizationRates: no answer after 3.0s"},
+    )
+
+    class NoNvml(FakeGpus):
+        def device_count(self) -> int:
+            raise RuntimeError("NVML is held closed for a repair")
+
+    assert hb_reader.gpu_evidence(NoNvml(1), [1])[0]["problem"].startswith("NVML:")
+
+
 # ---- the watch, with fakes and a fake clock --------------------------------------------
 
 
@@ -437,7 +470,8 @@ def test_watch_collects_the_writers_stacks_from_proc(tmp_path: Path) -> None:
         return BeatRead(Beat(2, int(at), int(at * 1e9), me), os.geteuid())
 
     w = HangWatch(NODE, lambda: WatchSettings(hang=S, directory=tmp_path), lambda: ("7",),
-                  lambda h: hangs.append(h) or True, clock=clock, read=read)  # fmt: skip
+                  lambda h: hangs.append(h) or True, clock=clock, read=read,
+                  gpus=FakeGpus(me))  # fmt: skip
     for _ in range(6):
         w.look()
         clock.now += 1.0
@@ -447,6 +481,8 @@ def test_watch_collects_the_writers_stacks_from_proc(tmp_path: Path) -> None:
     [hang] = hangs
     assert hang.pid == me and hang.evidence.processes[0].pid == me
     assert hang.evidence.processes[0].threads[0]["tid"] == str(me)
+    assert hang.evidence.gpus[0]["job_pids"] == [me]
+    assert hang.evidence.to_json()["gpus"][0]["gpu_pct"] == 100
 
 
 def test_watch_tries_again_when_slurm_failed(watch: Any) -> None:

@@ -11,10 +11,12 @@ lab proof).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
+from cli.lab import scenario
 from cli.lab.cluster import Lab
 from medic_core.store import open_store
 from remediation.decide import Ledger
@@ -74,6 +76,14 @@ def test_a_hung_resilient_job_is_requeued_and_resumes_from_its_checkpoint(
         timeout=15, env=env, check=True,
     )  # fmt: skip
     job_id = submitted.stdout.strip().split(";")[0]
+    # A hung collective often spins: GPU 3 at 100 % (written into the node's scenario, which
+    # the injection library reads; `medic lab inject` has no spec for utilisation).
+    node_scenario = lab.layout.node("n1").scenario
+    now = scenario.read_scenario(node_scenario)
+    gpus = tuple(
+        dataclasses.replace(g, util_gpu=100) if i == 3 else g for i, g in enumerate(now.gpus)
+    )
+    scenario.write_scenario(node_scenario, dataclasses.replace(now, gpus=gpus))
     poll("the job to hang", hung.exists, timeout=60)
     stopped = json.loads(hung.read_text())["time"]
     checkpoints = CheckpointDir(ckpt_dir)
@@ -102,6 +112,9 @@ def test_a_hung_resilient_job_is_requeued_and_resumes_from_its_checkpoint(
     # (evidence from the real /proc: tests/test_hang.py).
     assert hang.evidence["processes"] == []
     assert "not found under" in hang.evidence["problems"][0]
+    gpus = {g["index"]: g for g in hang.evidence["gpus"]}
+    assert len(gpus) == 8 and gpus[3]["gpu_pct"] == 100 and gpus[0]["gpu_pct"] == 0
+    assert hang.evidence["evidence_s"] < 1.0  # measured 1-3 ms: stacks, wchan, 8 GPUs
 
 
 # Two ranks, one per node, that step together as in data-parallel training: before each
