@@ -100,13 +100,21 @@ class HangWatch:
         self._stop.set()
 
     def loop(self) -> None:
+        failing = ""  # the failure every look repeats: logged once
         while not self._stop.is_set():
             poll = 1.0
             try:
                 poll = self.settings().poll
                 self.look()
-            except Exception:
-                log.exception("hang watch: one look failed")
+            except Exception as exc:
+                first = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+                if first != failing:
+                    log.exception("hang watch: a look failed (logged once while it repeats)")
+                failing = first
+            else:
+                if failing:
+                    log.warning("hang watch: looks work again")
+                failing = ""
             self._stop.wait(poll)
 
     def look(self) -> list[Verdict]:

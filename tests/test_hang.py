@@ -652,3 +652,23 @@ def test_writer_cost_is_under_a_microsecond(hb_dir: Path) -> None:
 def test_events_carry_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     _, store = answer(monkeypatch, FakeSlurm([job()]), a_hang())
     assert all(isinstance(e["at"], dt.datetime) for e in store.events)
+
+
+def test_a_failing_look_is_logged_once_while_it_repeats(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    looks: list[int] = []
+
+    def broken() -> tuple[str, ...] | None:
+        looks.append(1)
+        if len(looks) >= 5:
+            w.stop()
+        raise OSError("spool: I/O error")
+
+    w = HangWatch(NODE, lambda: WatchSettings(directory=tmp_path, poll=0.1), broken,
+                  lambda h: True)  # fmt: skip
+    w.loop()
+    assert len(looks) == 5
+    assert [r.message for r in caplog.records].count(
+        "hang watch: a look failed (logged once while it repeats)"
+    ) == 1
