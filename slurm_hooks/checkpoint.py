@@ -536,9 +536,10 @@ class Progress:
     from its last checkpoint when it stops advancing (docs/operator-guide.md, "Hangs").
 
     `step` is three stores into a mapped page and a vDSO clock read: no syscall, well under
-    a microsecond. Opening happens once, here; when the heartbeat cannot be used (no
-    SLURM_JOB_ID, no heartbeat directory on this node, a file someone else owns) `why` says
-    so, one line goes to stderr, and `step` does nothing: a heartbeat never stops a job.
+    a microsecond. Opening happens once, here; when the heartbeat cannot be used `why` says
+    so and `step` does nothing: a heartbeat never stops a job. Outside a Slurm job (no
+    SLURM_JOB_ID) that is silent; on a node without the heartbeat directory, or with a file
+    someone else owns, one line goes to stderr.
     One process per node reports (rank 0 of the node, say); `path` and `env` are for tests."""
 
     def __init__(
