@@ -77,7 +77,7 @@ def test_a_newer_store_is_served_or_refused_as_its_record_says(url: str) -> None
     assert "this Medic:      newer than this Medic, which can still use it" in served.output
     assert run("migrate", "--store", url).exit_code == 0
 
-    open_store(url, migrations=(*MIGRATIONS, additive, breaking)).close()
+    open_store(url, migrations=(*MIGRATIONS, additive, breaking), allow_breaking=True).close()
     refused = run("status", "--store", url)
     assert refused.exit_code == 1
     assert f"serves:          Medic that knows version {LATEST + 2} or later" in refused.output

@@ -400,7 +400,7 @@ def test_an_older_database_is_upgraded_by_open_store(store_url: str) -> None:
         store.set_condition("gpu01", xid(Status.CRITICAL, "gpu.xid.79"), T0)
         event_id = add(store, "gpu01", 0)
 
-    with open_store(store_url, migrations=V2) as store:
+    with open_store(store_url, migrations=V2, allow_breaking=True) as store:
         assert store.schema_version() == 2
         [cond] = store.conditions()  # data written at version 1 is intact
         assert (cond.reason, cond.since) == ("gpu.xid.79", T0)
@@ -437,7 +437,7 @@ def test_a_failed_migration_leaves_the_previous_version(store_url: str) -> None:
     open_store(store_url, migrations=RELEASED).close()
     broken = (*RELEASED, Migration(2, "broken", _v2_broken))
     with pytest.raises(RuntimeError, match="failed halfway"):
-        open_store(store_url, migrations=broken)
+        open_store(store_url, migrations=broken, allow_breaking=True)
     with open_store(store_url, migrations=RELEASED) as store:
         assert store.schema_version() == 1
         assert not sa_inspect(store.engine).has_table("half_done")

@@ -39,7 +39,7 @@ from medic_core.store import (
     open_store,
 )
 from medic_core.store.engine import make_engine, parse_url
-from medic_core.store.migrations import admits, min_compatible
+from medic_core.store.migrations import admits, migrate, min_compatible
 from remediation.episodes import ACTING, RESOLVED, EpisodeStore
 from tests.conftest import poll
 from tests.pg import PostgresServer, pg_server  # noqa: F401  (pytest fixture)
@@ -85,6 +85,15 @@ def _scalar(url: str, sql: str) -> Any:
     try:
         with engine.connect() as conn:
             return conn.execute(text(sql)).scalar()
+    finally:
+        engine.dispose()
+
+
+def _admin_migrate(url: str, migrations: Any) -> None:
+    """`medic store migrate`: the one way a breaking migration is applied to a live store."""
+    engine = make_engine(parse_url(url))
+    try:
+        migrate(engine, migrations)
     finally:
         engine.dispose()
 
@@ -169,7 +178,12 @@ def test_old_and_new_medic_side_by_side_until_a_breaking_migration(
                     ("gpu01", None), ("gpu02", None), ("gpu09", "rack 4"),
                 ]  # fmt: skip
 
-        with open_store(url, migrations=FUTURE) as new:  # the breaking release
+        # The breaking release: a new daemon opening the store does not apply it...
+        with pytest.raises(StoreError, match=r"breaking change .* run `medic store migrate`"):
+            open_store(url, migrations=FUTURE)
+        assert _record(url) == 1 and running_old.schema_version() == OLD + 1
+        _admin_migrate(url, FUTURE)  # ...the admin does, once every daemon is stopped
+        with open_store(url, migrations=FUTURE) as new:
             assert new.schema_version() == OLD + 2
         assert _record(url) == OLD + 2
         # Why it is refused: an old daemon still running past a breaking migration fails.
@@ -240,7 +254,7 @@ def test_real_daemons_through_an_upgrade(url: str, tmp_path: Path) -> None:
     warned = [line for line in log.read_text().splitlines() if "WARNING medic.store" in line]
     assert len(warned) == 1 and f"schema is version {OLD + 1}" in warned[0], warned
 
-    open_store(url, migrations=FUTURE).close()
+    _admin_migrate(url, FUTURE)
     log.write_text("")
     venv_bin = Path(os.sys.executable).parent  # type: ignore[attr-defined]
     env = {**os.environ, "MEDIC_CONFIG": str(config), "MEDIC_NODE_NAME": "plain1"}
@@ -254,9 +268,10 @@ def test_real_daemons_through_an_upgrade(url: str, tmp_path: Path) -> None:
 
 
 def _migrate_and_write(url: str, barrier: Any, name: str) -> None:
-    """Child process: a new Medic opening the store at the same moment as its sibling."""
+    """Child process: a new Medic migrating the store (`medic store migrate`, so breaking
+    changes too) at the same moment as its sibling."""
     barrier.wait(timeout=60)
-    with open_store(url, migrations=FUTURE) as store:
+    with open_store(url, migrations=FUTURE, allow_breaking=True) as store:
         assert store.schema_version() == OLD + 2
         store.add_event("shared", at=T0, kind="race", severity="INFO", source=name)
 

@@ -91,16 +91,20 @@ def store_settings(config: MedicConfig) -> StoreSettings:
     return StoreSettings(url=raw_url, event_retention_days=days)
 
 
-def open_store(url: str | URL, *, migrations: Sequence[Migration] = MIGRATIONS) -> Store:
-    """Open the database at `url`, creating or upgrading its schema first.
+def open_store(
+    url: str | URL, *, migrations: Sequence[Migration] = MIGRATIONS, allow_breaking: bool = False
+) -> Store:
+    """Open the database at `url`, creating or upgrading its schema first (additive
+    migrations only, unless `allow_breaking`: see migrations.migrate).
 
     Raises BadStoreURL for a URL Medic cannot use and StoreError when the database cannot be
-    reached or its schema is newer than this Medic. `migrations` is for tests.
+    reached, its schema is newer than this Medic, or a breaking migration is pending.
+    `migrations` is for tests.
     """
     parsed = parse_url(url)
     engine = make_engine(parsed)
     try:
-        migrate(engine, migrations)
+        migrate(engine, migrations, allow_breaking=allow_breaking)
     except DBAPIError as exc:
         engine.dispose()
         detail = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)

@@ -215,12 +215,20 @@ def _record_min_compatible(conn: Connection, value: int) -> None:
 
 
 def migrate(
-    engine: Engine, migrations: Sequence[Migration] = MIGRATIONS, target: int | None = None
+    engine: Engine,
+    migrations: Sequence[Migration] = MIGRATIONS,
+    target: int | None = None,
+    *,
+    allow_breaking: bool = True,
 ) -> MigrationResult:
     """Bring the database to `target` (default: the newest version in `migrations`).
 
     A database newer than `migrations` is left as it is: used (one WARNING) when its
-    `schema_compat` record admits this code, refused with StoreError otherwise."""
+    `schema_compat` record admits this code, refused with StoreError otherwise. Without
+    `allow_breaking` (a daemon, a hook or a command opening the store) a pending BREAKING
+    migration of an existing database is refused, not applied: the first upgraded node of a
+    fleet would otherwise cut off every node not upgraded yet (`medic store migrate` applies
+    it, on purpose)."""
     latest = _check_sequence(migrations)
     goal = latest if target is None else target
     if not 0 <= goal <= latest:
@@ -241,6 +249,14 @@ def migrate(
             if before > latest:
                 _check_newer(before, latest, recorded_min_compatible(conn))
             return MigrationResult(before, before)
+        breaking = [m for m in migrations[before:goal] if m.compat is Compat.BREAKING]
+        if breaking and before > 0 and not allow_breaking:
+            raise StoreError(
+                f"the database's schema is version {before} and this Medic needs {goal}, but"
+                f" version {breaking[0].version} ({breaking[0].description}) is a breaking"
+                " change that Medic never applies on its own: stop or upgrade every daemon,"
+                " then run `medic store migrate` once (docs/store.md, upgrading a fleet)"
+            )
         for migration in migrations[before:goal]:
             migration.upgrade(conn)
             conn.execute(
