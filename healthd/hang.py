@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -32,6 +33,7 @@ class Sample:
     step: int
     at: float  # the job's clock when it reported `step` (seconds, CLOCK_MONOTONIC)
     seen: float  # the daemon's clock when it first saw `step`
+    busy: float | None = None  # seconds the node worked in `step`, when the job says
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ def observe(progress: Progress, beat: Beat | None, now: float, settings: HangSet
     not reported its first step)."""
     if beat is None or beat.ns == 0:
         return progress
-    sample = Sample(beat.step, beat.ns / 1e9, now)
+    sample = Sample(beat.step, beat.ns / 1e9, now, beat.busy_ns / 1e9 if beat.busy_ns else None)
     last = progress.last
     if last is None:
         return Progress(progress.job_id, (sample,), progress.restarts)
@@ -118,3 +120,47 @@ def evaluate(progress: Progress, now: float, settings: HangSettings) -> Verdict:
     threshold = max(settings.floor, settings.factor * median)
     state = State.HUNG if stalled > threshold else State.ADVANCING
     return Verdict(progress.job_id, state, last.step, stalled, median, threshold, len(times))
+
+
+# --- stragglers: one node of a job slower than its others ---------------------------------
+
+
+@dataclass(frozen=True)
+class Pace:
+    """A job's pace on one node: the median over its recent steps of the time the node
+    worked (`basis` "busy", when the job reports it) or else of the step time ("step")."""
+
+    job_id: str
+    seconds: float
+    basis: str
+    steps: int
+
+
+def pace(progress: Progress, settings: HangSettings) -> Pace | None:
+    """None until the job has `min_steps` step times (as for a hang)."""
+    times = step_times(progress.samples)
+    if len(times) < settings.min_steps:
+        return None
+    recent = progress.samples[-settings.window :]
+    busy = [s.busy for s in recent if s.busy is not None]
+    if len(busy) == len(recent):
+        return Pace(progress.job_id, statistics.median(busy), "busy", len(busy))
+    window = times[-settings.window :]
+    return Pace(progress.job_id, statistics.median(window), "step", len(window))
+
+
+@dataclass(frozen=True)
+class StragglerSettings:
+    ratio: float = 1.25  # slower than the median of the job's other nodes by more than this
+    repeats: int = 3  # in this many comparisons in a row
+
+
+def slower_than_others(mine: Pace, others: Sequence[Pace], ratio: float) -> float | None:
+    """How many times slower `mine` is than the median of the job's other nodes (same
+    basis only), when more than `ratio`; None when not, or nothing to compare with."""
+    same = [o.seconds for o in others if o.basis == mine.basis and o.seconds > 0]
+    if not same:
+        return None
+    typical = statistics.median(same)
+    times = mine.seconds / typical
+    return times if times > ratio else None

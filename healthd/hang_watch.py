@@ -15,11 +15,22 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from healthd.hang import HangSettings, Progress, Verdict, evaluate, observe
+from healthd.hang import (
+    HangSettings,
+    Pace,
+    Progress,
+    State,
+    StragglerSettings,
+    Verdict,
+    evaluate,
+    observe,
+    pace,
+    slower_than_others,
+)
 from healthd.progress import (
     BeatRead,
     Evidence,
@@ -60,6 +71,18 @@ class WatchSettings:
     directory: Path = Path(heartbeat.DEFAULT_DIR)
     poll: float = 1.0
     py_spy_timeout: float = 5.0
+    straggler: StragglerSettings = field(default_factory=StragglerSettings)
+    straggler_every: float = 0.0  # seconds between comparisons with the job's other nodes; 0: off
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """This node is slower than the job's other nodes (`times` their median pace)."""
+
+    node: str
+    pace: Pace
+    others: tuple[Pace, ...]
+    times: float
 
 
 class HangWatch:
@@ -74,9 +97,19 @@ class HangWatch:
         *,
         proc_root: Path = Path("/proc"),
         gpus: GpuReader | None = None,
+        compare: Callable[[Pace, float], Sequence[Pace] | None] | None = None,
+        report: Callable[[Straggler], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         read: Callable[[Path, str, str], BeatRead] = read_beat,
     ) -> None:
+        # Stragglers: `compare(mine, window)` shares this node's pace of a job and returns
+        # the job's other nodes' paces of the last `window` seconds (None: cannot tell);
+        # `report` is told once per job when this node stays slower `repeats` times.
+        self.compare = compare
+        self.report = report
+        self._compared_at: float | None = None
+        self._slow: dict[str, int] = {}  # job -> comparisons in a row that found it slower
+        self._reported: set[str] = set()
         self.gpus = gpus  # NVML, for the GPUs' utilisation in the evidence (None: no GPUs)
         self.node = node
         self.settings = settings
@@ -154,7 +187,42 @@ class HangWatch:
                 answered = None
             if verdict.hung and (answered is None or (answered[1] and now >= answered[1])):
                 self._hand_over(verdict, read, settings.py_spy_timeout)
+        self._compare_paces(settings, verdicts)
         return verdicts
+
+    def _compare_paces(self, settings: WatchSettings, verdicts: list[Verdict]) -> None:
+        every = settings.straggler_every
+        if self.compare is None or every <= 0:
+            return
+        now = self.clock()
+        if self._compared_at is not None and now - self._compared_at < every:
+            return
+        self._compared_at = now
+        for verdict in verdicts:
+            if verdict.state is not State.ADVANCING:
+                continue
+            mine = pace(self.progress[verdict.job_id], settings.hang)
+            if mine is None:
+                continue
+            others = self.compare(mine, 3 * every)
+            if others is None:
+                continue
+            times = slower_than_others(mine, others, settings.straggler.ratio)
+            job_id = verdict.job_id
+            self._slow[job_id] = self._slow.get(job_id, 0) + 1 if times else 0
+            if (
+                times
+                and self._slow[job_id] >= settings.straggler.repeats
+                and job_id not in self._reported
+                and self.report is not None
+            ):
+                self._reported.add(job_id)
+                straggler = Straggler(self.node, mine, tuple(others), times)
+                log.warning(
+                    "job %s: %s is a straggler: %s %.3fs, %.2fx the job's other nodes",
+                    job_id, self.node, mine.basis, mine.seconds, times,
+                )  # fmt: skip
+                self.report(straggler)
 
     def _hand_over(self, verdict: Verdict, read: BeatRead, py_spy_timeout: float) -> None:
         pid = read.beat.pid if read.beat is not None else 0
@@ -184,5 +252,7 @@ class HangWatch:
         self.progress.pop(job_id, None)
         self._answered.pop(job_id, None)
         self._refused.pop(job_id, None)
+        self._slow.pop(job_id, None)
+        self._reported.discard(job_id)
         if remove and self._prepared is not None:
             remove_beat(self._prepared, job_id, self.node)

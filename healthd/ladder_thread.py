@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from healthd.checks.base import Result, Status
-from healthd.hang import HangSettings
-from healthd.hang_watch import Hang, HangWatch, WatchSettings
+from healthd.hang import HangSettings, Pace, StragglerSettings
+from healthd.hang_watch import Hang, HangWatch, Straggler, WatchSettings
 from healthd.jobs import SpoolJobState
 from healthd.ladder_host import DaemonLadderHost
 from healthd.ladder_host import HealthDaemon as HostDaemon
@@ -283,6 +283,64 @@ class LadderThread:
             )
         return not any(a.action == "requeue_failed" for a in actions)
 
+    def compare_pace(self, mine: Pace, window: float) -> list[Pace] | None:
+        """Share this node's pace of a job (a `job_pace` INFO event) and return the latest
+        pace of each of the job's other nodes from the last `window` seconds (the store's
+        newest DEFAULT_EVENTS_LIMIT `job_pace` events). None when the store cannot say."""
+        daemon = self.daemon
+        now = dt.datetime.now(dt.UTC)
+        target = f"job:{mine.job_id}"
+        try:
+            daemon.store.add_event(
+                node=daemon.node,
+                at=now,
+                kind="job_pace",
+                severity=Severity.INFO,
+                source="healthd",
+                message=f"job {mine.job_id}: {mine.basis} {mine.seconds:.6f}s",
+                target=target,
+                evidence={"pace_s": mine.seconds, "basis": mine.basis, "steps": mine.steps},
+            )
+            events = daemon.store.events(since=now - dt.timedelta(seconds=window), kind="job_pace")
+        except Exception as exc:
+            log.debug("job %s: pace not shared: %s", mine.job_id, exc)
+            return None
+        latest: dict[str, Pace] = {}
+        for e in events:  # newest first
+            if e.target != target or e.node == daemon.node or e.node in latest:
+                continue
+            try:
+                seconds = float(e.evidence["pace_s"])
+                basis, steps = str(e.evidence["basis"]), int(e.evidence["steps"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            latest[e.node] = Pace(mine.job_id, seconds, basis, steps)
+        return list(latest.values())
+
+    def report_straggler(self, found: Straggler) -> None:
+        """This node is slower than the job's other nodes: an event (report only)."""
+        pace = found.pace
+        others = [round(o.seconds, 6) for o in found.others]
+        self._event(
+            dt.datetime.now(dt.UTC),
+            kind="straggler",
+            severity=Severity.WARN,
+            source="healthd",
+            message=(
+                f"{found.node} is a straggler in job {pace.job_id}: {pace.basis} time "
+                f"{pace.seconds:.3f}s, {found.times:.2f}x the median of its other nodes"
+            ),
+            fault_class="node.straggler",
+            target=f"job:{pace.job_id}",
+            evidence={
+                "job_id": pace.job_id,
+                "basis": pace.basis,
+                "pace_s": round(pace.seconds, 6),
+                "others_s": others,
+                "times": round(found.times, 3),
+            },
+        )
+
     def _event(self, at: dt.datetime, **event: Any) -> None:
         """An event into the store, or into the node's journal when the store refuses it
         (replayed, with its time, once the store is back)."""
@@ -394,6 +452,8 @@ def watch_hangs(daemon: LadderDaemon, thread: LadderThread) -> HangWatch:
             directory=Path(s.progress_dir),
             poll=s.hang_poll,
             py_spy_timeout=s.hang_py_spy_timeout,
+            straggler=StragglerSettings(ratio=s.straggler_ratio, repeats=s.straggler_repeats),
+            straggler_every=s.straggler_every,
         )
 
     def job_ids() -> tuple[str, ...] | None:
@@ -407,4 +467,6 @@ def watch_hangs(daemon: LadderDaemon, thread: LadderThread) -> HangWatch:
         thread.respond_hang,
         proc_root=daemon.config.paths.proc,
         gpus=plumbing.client if plumbing is not None else None,
+        compare=thread.compare_pace,
+        report=thread.report_straggler,
     )

@@ -14,7 +14,10 @@ Layout, 64 bytes, little-endian:
     16  8  step   the job's step, as it counts
     24  8  ns     CLOCK_MONOTONIC of the job when it reported that step (nanoseconds)
     32  4  pid    the writing process
-    36 28  zero
+    36  4  zero
+    40  8  busy   nanoseconds this node worked in that step, before waiting on the others
+                  (optional: 0 when the job does not say; stragglers compare it)
+    48 16  zero
 
 A step costs the job three stores into a mapped page and a vDSO clock read: no syscall.
 """
@@ -38,6 +41,8 @@ BODY = struct.Struct("<QQI")  # step, ns, pid at 16
 RECORD = struct.Struct("<8sQQQI28x")
 assert RECORD.size == SIZE
 SEQ_AT, BODY_AT = 8, 16
+BUSY = struct.Struct("<Q")  # at 40, inside RECORD's padding
+BUSY_AT = 40
 
 _JOB_ID = re.compile(r"[0-9]{1,20}", re.ASCII)
 _NODE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", re.ASCII)
@@ -55,6 +60,7 @@ class Beat:
     step: int
     ns: int
     pid: int
+    busy_ns: int = 0  # 0: not reported
 
 
 def file_name(job_id: str, node: str) -> str:
@@ -82,6 +88,7 @@ def parse(data: bytes) -> Beat:
         raise HeartbeatError(f"not a Medic heartbeat (starts {magic[:8]!r})")
     if seq % 2:
         raise HeartbeatError("being written (odd sequence)")
-    if step > MAX_STEP or ns > MAX_STEP:
+    (busy,) = BUSY.unpack_from(data, BUSY_AT)
+    if step > MAX_STEP or ns > MAX_STEP or busy > MAX_STEP:
         raise HeartbeatError("step or time out of range")
-    return Beat(seq=seq, step=step, ns=ns, pid=pid)
+    return Beat(seq=seq, step=step, ns=ns, pid=pid, busy_ns=busy)

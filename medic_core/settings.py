@@ -79,6 +79,16 @@ class DaemonSettings:
     progress_dir: str = setting(
         "/run/medic/progress", doc="heartbeat directory (jobs: $MEDIC_PROGRESS_DIR if not this)"
     )
+    # Stragglers (docs/operator-guide.md, "Stragglers"): off unless straggler_every is set.
+    straggler_every: float = setting(
+        0.0, minimum=0, maximum=86400, doc="seconds between pace comparisons per job; 0: off"
+    )
+    straggler_ratio: float = setting(
+        1.25, minimum=1.01, maximum=100, doc="slower than the job's other nodes by this factor"
+    )
+    straggler_repeats: int = setting(
+        3, minimum=1, maximum=1000, doc="...in this many comparisons in a row: reported"
+    )
 
     def problems(self) -> Iterator[tuple[str, str, str]]:
         return iter(())

@@ -588,16 +588,24 @@ class Progress:
     def active(self) -> bool:
         return self._map is not None
 
-    def step(self, n: int) -> None:
-        """Report step `n` (an integer >= 0, as the job counts its steps)."""
+    def step(self, n: int, busy: float | None = None) -> None:
+        """Report step `n` (an integer >= 0, as the job counts its steps) and, optionally,
+        `busy`: the seconds this node worked in the step before it waited on the others
+        (in a collective). Stragglers are judged on it when the job reports it every step
+        (in lockstep training every node steps at the slowest one's pace: the step time
+        alone cannot tell which node is slow)."""
         m = self._map
         if m is None:
             return
         if n.__class__ is not int or not 0 <= n <= _MAX_STEP:  # before the record is touched
             raise CheckpointError(f"progress step {n!r}: expected an integer >= 0")
+        if busy is not None and not 0 <= busy < 1e9:  # also refuses nan
+            raise CheckpointError(f"progress busy {busy!r}: expected seconds >= 0")
         seq = self._seq
         _SEQ_PACK(m, 8, seq + 1)  # odd: being written
         _BODY_PACK(m, 16, n, time.monotonic_ns(), self._pid)
+        if busy is not None:
+            _BUSY_PACK(m, 40, int(busy * 1e9))
         self._seq = seq + 2
         _SEQ_PACK(m, 8, seq + 2)
 
@@ -610,6 +618,7 @@ class Progress:
 _SEQ_PACK = heartbeat.SEQ.pack_into
 _MAX_STEP = heartbeat.MAX_STEP
 _BODY_PACK = heartbeat.BODY.pack_into
+_BUSY_PACK = heartbeat.BUSY.pack_into
 _progress: Progress | None = None
 
 
@@ -622,10 +631,11 @@ def _progress_path(env: Mapping[str, str]) -> Path | None:
     return Path(directory) / heartbeat.file_name(job_id, node)
 
 
-def progress(step: int) -> None:
-    """Report this job's step `step` on this node: the one call per step (see Progress)."""
+def progress(step: int, busy: float | None = None) -> None:
+    """Report this job's step `step` on this node: the one call per step (see Progress;
+    `busy`: the seconds this node worked in the step, for stragglers)."""
     global _progress
     beat = _progress
     if beat is None:
         beat = _progress = Progress()
-    beat.step(step)
+    beat.step(step, busy)

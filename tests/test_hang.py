@@ -23,7 +23,18 @@ from hypothesis import strategies as st
 
 from cli.ckpt import ckpt
 from healthd import progress as hb_reader
-from healthd.hang import HangSettings, Progress, Sample, State, evaluate, observe, step_times
+from healthd.hang import (
+    HangSettings,
+    Progress,
+    Sample,
+    State,
+    evaluate,
+    observe,
+    pace,
+    slower_than_others,
+    step_times,
+)
+from healthd.hang import Pace as HangPace
 from healthd.hang_watch import Hang, HangWatch, WatchSettings
 from healthd.nvml_client import GpuProcess, Utilization
 from healthd.progress import BeatRead, prepare_dir, read_beat
@@ -189,6 +200,19 @@ def test_writer_reports_steps_the_reader_reads(hb_dir: Path) -> None:
     assert again is not None and again.ns == 0 and again.seq > after.seq
     w.close()
     w2.close()
+
+
+def test_writer_reports_the_busy_time_when_given(hb_dir: Path) -> None:
+    w = Writer(env=env_for(hb_dir))
+    w.step(3, busy=0.25)
+    got = read_beat(hb_dir, "42", NODE).beat
+    assert got is not None and (got.step, got.busy_ns) == (3, 250_000_000)
+    for bad in (-1.0, float("nan"), 1e12):
+        with pytest.raises(CheckpointError, match="busy"):
+            w.step(4, busy=bad)
+    after = read_beat(hb_dir, "42", NODE).beat
+    assert after is not None and after.step == 3 and after.seq % 2 == 0
+    w.close()
 
 
 def test_writer_off_outside_a_job_or_without_the_directory(
@@ -672,3 +696,109 @@ def test_a_failing_look_is_logged_once_while_it_repeats(
     assert [r.message for r in caplog.records].count(
         "hang watch: a look failed (logged once while it repeats)"
     ) == 1
+
+
+# ---- stragglers ------------------------------------------------------------------------
+
+
+def paced(step_s: float, busy: float | None = None, n: int = 8) -> Progress:
+    p, t = Progress("5"), 100.0
+    for i in range(n):
+        b = Beat(2, i, int(t * 1e9), 1, int(busy * 1e9) if busy else 0)
+        p = observe(p, b, t, S)
+        t += step_s
+    return p
+
+
+def test_pace_is_the_busy_time_when_reported_else_the_step_time() -> None:
+    assert pace(paced(0.1), S) == HangPace("5", pytest.approx(0.1), "step", 5)
+    assert pace(paced(0.1, busy=0.03), S) == HangPace("5", pytest.approx(0.03), "busy", 5)
+    assert pace(paced(0.1, n=3), S) is None  # two step times: not yet
+
+
+def test_slower_than_others_compares_like_with_like() -> None:
+    mine = HangPace("5", 0.3, "busy", 5)
+    others = [HangPace("5", 0.1, "busy", 5), HangPace("5", 0.12, "busy", 5)]
+    assert slower_than_others(mine, others, 1.25) == pytest.approx(0.3 / 0.11)
+    assert slower_than_others(HangPace("5", 0.12, "busy", 5), others, 1.25) is None
+    assert slower_than_others(mine, [HangPace("5", 0.1, "step", 5)], 1.25) is None
+    assert slower_than_others(mine, [], 1.25) is None
+
+
+class PaceBoard:
+    """What the store does for compare_pace: each node's latest pace of each job."""
+
+    def __init__(self) -> None:
+        self.paces: dict[tuple[str, str], HangPace] = {}
+
+    def compare(self, node: str) -> Any:
+        def share(mine: HangPace, window: float) -> list[HangPace]:
+            self.paces[(node, mine.job_id)] = mine
+            return [p for (n, j), p in self.paces.items() if n != node and j == mine.job_id]
+
+        return share
+
+
+def test_only_the_slow_node_is_reported_once_after_repeats(tmp_path: Path) -> None:
+    board, clock = PaceBoard(), Clock()
+    reports: list[Any] = []
+    step = {"n1": 0, "n2": 0}
+    busy = {"n1": 0.1, "n2": 0.3}  # n2 works 3x longer per step; both step in lockstep
+    cfg = WatchSettings(hang=S, directory=tmp_path, straggler_every=1.0)
+
+    def watch(node: str) -> HangWatch:
+        def read(d: Path, job: str, n: str) -> BeatRead:
+            b = Beat(2, step[node], int(clock.now * 1e9), 1, int(busy[node] * 1e9))
+            return BeatRead(b, os.geteuid())
+
+        return HangWatch(node, lambda: cfg, lambda: ("5",), lambda h: True, clock=clock,
+                         read=read, compare=board.compare(node), report=reports.append)  # fmt: skip
+
+    w1, w2 = watch("n1"), watch("n2")
+    for _ in range(12):
+        for node in step:
+            step[node] += 1
+        w1.look()
+        w2.look()
+        clock.now += 0.5
+    assert [(r.node, r.pace.basis) for r in reports] == [("n2", "busy")]
+    assert reports[0].times == pytest.approx(3.0)
+
+
+def test_compare_pace_shares_mine_and_reads_the_others_latest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from healthd import ladder_thread
+    from medic_core.config import MedicConfig
+    from medic_core.store import Event, Severity
+
+    class Store:
+        def __init__(self) -> None:
+            self.added: list[dict[str, Any]] = []
+
+        def add_event(self, **event: Any) -> None:
+            self.added.append(event)
+
+        def events(self, **query: Any) -> list[Event]:
+            assert query["kind"] == "job_pace"
+            rows = [
+                Event(i, e["node"], e["at"], e["kind"], "", e["target"], Severity.INFO, "",
+                      e["evidence"], "healthd")
+                for i, e in enumerate(self.added)
+            ]  # fmt: skip
+            return rows[::-1]
+
+    def thread_on(node: str, store: Store) -> Any:
+        class Daemon:
+            config = MedicConfig(source=None, node_name=node)
+
+        daemon: Any = Daemon()
+        daemon.node, daemon.store = node, store
+        return ladder_thread.LadderThread(daemon, ladder=None, episodes=None)  # type: ignore[arg-type]
+
+    store = Store()
+    n1, n2 = thread_on("n1", store), thread_on("n2", store)
+    assert n1.compare_pace(HangPace("5", 0.1, "busy", 5), 30.0) == []
+    n1.compare_pace(HangPace("5", 0.11, "busy", 5), 30.0)  # n1's newer pace
+    n2.compare_pace(HangPace("9", 0.5, "busy", 5), 30.0)  # another job
+    assert n2.compare_pace(HangPace("5", 0.3, "busy", 5), 30.0) == [HangPace("5", 0.11, "busy", 5)]
