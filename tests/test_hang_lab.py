@@ -15,6 +15,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from cli.lab import scenario
 from cli.lab.cluster import Lab
@@ -123,6 +124,7 @@ def test_a_hung_resilient_job_is_requeued_and_resumes_from_its_checkpoint(
 JOB_2N = """\
 import json, os, sys, time
 from pathlib import Path
+from typing import Any
 from slurm_hooks.checkpoint import CheckpointDir, progress, restart_count
 
 hung_mark, blocking_node, sync = sys.argv[1], sys.argv[2], Path(sys.argv[3])
@@ -230,3 +232,82 @@ def test_a_two_node_job_whose_rank_on_one_node_blocks_is_requeued_once(
     assert any(hangs.values())
     for events in hangs.values():
         assert all(e.evidence["step"] == HUNG_AT for e in events)
+
+
+# Two ranks in lockstep again; the rank on the slow node works 3x longer per step (0.3 s
+# against 0.1 s), so both step every ~0.3 s: only the busy time tells the nodes apart.
+JOB_SLOW = """\
+import os, sys, time
+from pathlib import Path
+from typing import Any
+from slurm_hooks.checkpoint import progress
+
+slow_node, sync = sys.argv[1], Path(sys.argv[2])
+rank, node = int(os.environ["SLURM_PROCID"]), os.environ["SLURMD_NODENAME"]
+work = 0.3 if node == slow_node else 0.1
+
+
+def collective(step):
+    (sync / f".{rank}").write_text(str(step))
+    os.replace(sync / f".{rank}", sync / str(rank))
+    while True:
+        try:
+            if int((sync / str(1 - rank)).read_text()) >= step:
+                return
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.005)
+
+
+for step in range(40):
+    started = time.monotonic()
+    time.sleep(work)  # this node's share of the step
+    busy = time.monotonic() - started
+    collective(step)
+    progress(step, busy)
+print(f"rank {rank} on {node} done", flush=True)
+"""
+
+
+def test_a_two_node_job_with_one_slow_node_flags_that_node_and_not_the_other(
+    lab: Lab, tmp_path: Path
+) -> None:
+    conf = tmp_path / "medic.toml"
+    extra = "hang_poll = 0.2\nstraggler_every = 1.0\nstraggler_ratio = 1.5\nstraggler_repeats = 2\n"
+    conf.write_text(
+        lab.layout.medic_conf.read_text().replace("[healthd]\n", f"[healthd]\n{extra}", 1)
+    )
+    for name in ("n1", "n2"):
+        lab.start_healthd(name, config=conf)
+    script, sync = tmp_path / "slow.py", tmp_path / "sync"
+    sync.mkdir()
+    script.write_text(JOB_SLOW)
+    env = lab.process_env()
+    env["PYTHONPATH"] = str(Path(__file__).parents[1])
+    others = ",".join(n for n in lab.node_names() if n not in ("n1", "n2"))
+    from medic_core import proc
+
+    run = f"srun --ntasks-per-node=1 {sys.executable} {script} n2 {sync}"
+    submitted = proc.run(
+        ["sbatch", "--parsable", "--resilient=1", "-N2", f"--exclude={others}",
+         f"--output={tmp_path / 'out'}", "--wrap", run],
+        timeout=15, env=env, check=True,
+    )  # fmt: skip
+    job_id = submitted.stdout.strip().split(";")[0]
+    target = f"job:{job_id}"
+
+    def flagged(store: Any, name: str) -> list[Any]:
+        return [e for e in store.events(name, kind="straggler") if e.target == target]
+
+    with open_store(f"sqlite:///{lab.layout.store_db}") as store:
+        poll("n2 flagged", lambda: bool(flagged(store, "n2")), timeout=40)
+        poll("the job to complete", lambda: job(lab, job_id)["job_state"] == "COMPLETED", 40)
+        [event] = flagged(store, "n2")
+        assert flagged(store, "n1") == []
+        paces = {e.node for e in store.events(kind="job_pace") if e.target == target}
+    assert paces == {"n1", "n2"}
+    assert event.fault_class == "node.straggler" and event.evidence["basis"] == "busy"
+    assert 2.0 < event.evidence["times"] < 4.0  # 0.3 s against 0.1 s
+    print(f"\n{event.message}")
+    info = job(lab, job_id)
+    assert info["restart_cnt"] == 0 and not drained_by_medic(lab, "n2")  # reported only
