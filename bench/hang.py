@@ -1,8 +1,9 @@
 """Hangs (issue 14, part 1): what the progress heartbeat costs a job, what a look costs the
 daemon, and, with --lab-runs, how long a hung resilient job takes to run again on the lab.
 
-* heartbeat: nanoseconds per `Progress.step(n)` and per `progress(n)` (the module-level call
-  a training loop makes), the median of --batches batches of --calls calls each, next to an
+* heartbeat: nanoseconds per `Progress.step(n)`, per `Progress.step(n, busy)` (called
+  through a lambda: one more Python call) and per `progress(n)` (the module-level call a
+  training loop makes), the median of --batches batches of --calls calls each, next to an
   empty Python function call on the same machine;
 * read: microseconds per `healthd.progress.read_beat` (the root daemon's safe read of one
   job's file) and per `healthd.hang.evaluate`;
@@ -57,6 +58,7 @@ def micro(calls: int, batches: int) -> dict[str, Any]:
 
         figures: dict[str, Any] = {
             "step_ns": _per_call_ns(writer.step, calls, batches),
+            "step_busy_ns": _per_call_ns(lambda i: writer.step(i, 0.05), calls, batches),
             "progress_ns": _per_call_ns(checkpoint.progress, calls, batches),
             "empty_call_ns": _per_call_ns(empty, calls, batches),
         }
