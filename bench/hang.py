@@ -13,7 +13,11 @@ daemon, and, with --lab-runs, how long a hung resilient job takes to run again o
   the hang declared (the job_action event's time) and the job running again from its
   checkpoint (the restarted run's resume mark, slurm_hooks.checkpoint).
 
-Prints one JSON object. Run: .venv/bin/python -m bench.hang [--lab-runs 5]
+* straggler (--straggler-runs N > 0): a 2-node lab, a lockstep job whose rank on n2 works
+  0.3 s a step against 0.1 s on n1, daemons with straggler_every 1 s, ratio 1.5, 2 repeats:
+  seconds (and steps) from the job's first step to n2's straggler event.
+
+Prints one JSON object. Run: .venv/bin/python -m bench.hang [--lab-runs 5] [--straggler-runs 3]
 """
 
 from __future__ import annotations
@@ -150,16 +154,89 @@ def lab_runs(runs: int) -> dict[str, Any]:
     }
 
 
+def straggler_runs(runs: int) -> dict[str, Any]:
+    """A 2-node lockstep job (tests/test_hang_lab.py's JOB_SLOW: 0.3 s of work a step on n2,
+    0.1 s on n1), daemons with straggler_every 1 s, ratio 1.5, 2 repeats: seconds and steps
+    from the job's first step to n2's straggler event."""
+    from cli.lab.cluster import Lab, wait_for
+    from cli.lab.slurm_conf import LabSpec
+    from medic_core import proc
+    from medic_core.store import open_store
+    from tests.test_hang_lab import JOB_SLOW
+
+    seconds, steps = [], []
+    with tempfile.TemporaryDirectory(prefix="medic-bench-") as tmp:
+        lab = Lab(Path(tmp) / "lab")
+        lab.up(LabSpec(nodes=2))
+        try:
+            conf = lab.layout.medic_conf
+            extra = "hang_poll = 0.2\nstraggler_every = 1.0\nstraggler_ratio = 1.5\n"
+            extra += "straggler_repeats = 2\n"
+            conf.write_text(conf.read_text().replace("[healthd]\n", f"[healthd]\n{extra}", 1))
+            for name in lab.node_names():
+                lab.start_healthd(name)
+            script = Path(tmp) / "slow.py"
+            # The job notes when its first step was reported.
+            script.write_text(
+                JOB_SLOW.replace(
+                    "    progress(step, busy)\n",
+                    "    progress(step, busy)\n"
+                    "    if step == 0 and rank == 0:\n"
+                    "        (sync / 'first').write_text(repr(time.time()))\n",
+                )
+            )
+            for run in range(runs):
+                sync = Path(tmp) / f"sync{run}"
+                sync.mkdir()
+                env = lab.process_env()
+                env["PYTHONPATH"] = str(Path(__file__).parents[1])
+                line = f"srun --ntasks-per-node=1 {sys.executable} {script} n2 {sync}"
+                out = proc.run(
+                    ["sbatch", "--parsable", "-N2", f"--output={sync / 'out'}", "--wrap", line],
+                    timeout=15, env=env, check=True,
+                )  # fmt: skip
+                target = f"job:{out.stdout.strip().split(';')[0]}"
+                with open_store(f"sqlite:///{lab.layout.store_db}") as store:
+
+                    def flagged(store: Any = store, target: str = target) -> list[Any]:
+                        found = store.events("n2", kind="straggler")
+                        return [e for e in found if e.target == target]
+
+                    wait_for("n2 flagged", lambda: bool(flagged()), 60, 0.05)
+                    at = flagged()[0].at.timestamp()
+                    assert not [e for e in store.events("n1", kind="straggler")
+                                if e.target == target]  # fmt: skip
+                first = float((sync / "first").read_text())
+                seconds.append(at - first)
+                steps.append(int((at - first) / 0.3) + 1)
+                print(f"straggler run {run}: flagged {seconds[-1]:.2f} s, ~{steps[-1]} steps "
+                      "after the first", file=sys.stderr)  # fmt: skip
+                lab.slurm(["scancel", target.removeprefix("job:")])
+        finally:
+            lab.down()
+    return {
+        "runs": runs,
+        "first_step_to_flagged_s": {"p50": round(statistics.median(seconds), 2),
+                                    "max": round(max(seconds), 2)},
+        "steps_p50": statistics.median(steps),
+        "settings": {"straggler_every": 1.0, "straggler_ratio": 1.5, "straggler_repeats": 2,
+                     "hang_min_steps": 3, "step_s": 0.3},
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=1_000_000)
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--lab-runs", type=int, default=0)
+    parser.add_argument("--straggler-runs", type=int, default=0)
     args = parser.parse_args()
     figures: dict[str, Any] = {"benchmark": "hang", "cpus": os.cpu_count()}
     figures["heartbeat"] = micro(args.calls, args.batches)
     if args.lab_runs:
         figures["lab"] = lab_runs(args.lab_runs)
+    if args.straggler_runs:
+        figures["straggler"] = straggler_runs(args.straggler_runs)
     figures["loadavg_1m"] = round(os.getloadavg()[0], 2)
     print(json.dumps(figures))
 
