@@ -21,14 +21,22 @@ Per command: the wall time's median with a 95 % bootstrap interval, p90, min and
 the median CPU (user + system of the process, from the kernel's accounting); the machine's
 1-minute load average before and after.
 
-Prints one JSON object. Run (builds the fleet first, ~3-4 min on SQLite):
+With --baseline-store, the baseline's commands read another store (the same fleet at the
+schema the baseline knows: `medic nodes` of this Medic adds an index, schema version 6).
+With --pg, a private PostgreSQL server is started (tests/pg.py), the fleet is built into it,
+and with --baseline a copy of that database taken back to schema 5 serves the baseline.
+
+Prints one JSON object. Run (builds the fleet first, ~1-4 min):
   .venv/bin/python -m bench.cli_startup --build /tmp/fleet.db [--runs 20]
   .venv/bin/python -m bench.cli_startup --store sqlite:////tmp/fleet.db [--medic PATH]
+      [--baseline OLD_MEDIC --baseline-store sqlite:////tmp/fleet-v5.db]
+  .venv/bin/python -m bench.cli_startup --pg [--baseline OLD_MEDIC]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -38,6 +46,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +67,14 @@ def commands(medic: str, store: str) -> dict[str, tuple[list[str], dict[str, str
 
 
 def build(path: Path) -> str:
+    return fill_fleet(f"sqlite:///{path}")
+
+
+def fill_fleet(url: str) -> str:
     from bench.cli_nodes import fill
     from bench.cli_rma import fill_tickets, tickets
     from medic_core.store import open_store
 
-    url = f"sqlite:///{path}"
     now = dt.datetime.now(dt.UTC)
     with open_store(url) as store:
         fill(store, 10_000, 90, now, 1)
@@ -70,17 +82,51 @@ def build(path: Path) -> str:
     return url
 
 
+def as_schema_5(url: str) -> None:
+    """The fleet as the previous release left it: schema 5, without version 6's index."""
+    from sqlalchemy import text
+
+    with _engine(url) as engine, engine.begin() as conn:
+        conn.execute(text("DROP INDEX IF EXISTS ix_conditions_node_updated_at"))
+        conn.execute(text("DELETE FROM schema_version WHERE version > 5"))
+
+
+def pg_copy(server: Any, source_url: str, name: str) -> str:
+    """A new database on `server` made from the one at `source_url` (CREATE DATABASE ...
+    TEMPLATE)."""
+    import psycopg
+
+    source = source_url.rsplit("/", 1)[1].split("?", 1)[0]
+    with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{source}"'.encode())
+    return str(server.url(name))
+
+
+@contextlib.contextmanager
+def _engine(url: str) -> Iterator[Any]:
+    """An engine on the store that migrates nothing (the baseline's store stays at its
+    schema)."""
+    from medic_core.store.engine import make_engine, parse_url
+
+    engine = make_engine(parse_url(url))
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
 def make_live(url: str) -> None:
     """Every condition written in the last 5 minutes, as a fleet whose daemons run."""
     from sqlalchemy import text
 
-    from medic_core.store import open_store
-
     at = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=60)
-    with open_store(url) as store, store.engine.begin() as conn:
-        if store.backend == "sqlite":  # stored as naive UTC text
+    with _engine(url) as engine, engine.begin() as conn:
+        if engine.dialect.name == "sqlite":  # stored as naive UTC text
             at = at.replace(tzinfo=None)
         conn.execute(text("UPDATE conditions SET updated_at = :at"), {"at": at})
+    if engine.dialect.name == "postgresql":
+        with _engine(url) as engine, engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
 
 
 def run_once(argv: list[str], extra: dict[str, str]) -> tuple[float, float]:
@@ -125,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--store", help="a fleet built earlier (its URL)")
     where.add_argument("--build", type=Path, help="build the fleet into this SQLite file")
+    where.add_argument(
+        "--pg", action="store_true", help="build the fleet into a private PostgreSQL server"
+    )
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument(
         "--medic", default=shutil.which("medic", path=str(Path(sys.executable).parent))
@@ -135,12 +184,39 @@ def main(argv: list[str] | None = None) -> int:
         help="a second medic (an older checkout's) run in turn with the first; adds its "
         "figures and the ratio of each pair of runs",
     )
+    parser.add_argument(
+        "--baseline-store", help="the store the baseline reads (default: the same one)"
+    )
     args = parser.parse_args(argv)
-    url = args.store or build(args.build)
+    if not args.pg:
+        return measure(args, args.store or build(args.build), args.baseline_store)
+    from tests.pg import PostgresServer, find_bindir
+
+    bindir = find_bindir()
+    if bindir is None:
+        raise SystemExit("no PostgreSQL server binaries (apt-get install postgresql)")
+    server = PostgresServer(bindir)
+    try:
+        server.start()
+        url = fill_fleet(server.create_database("fleet"))
+        before = None
+        if args.baseline:
+            before = pg_copy(server, "fleet", "fleet_before")
+            as_schema_5(before)
+        return measure(args, url, before)
+    finally:
+        server.stop()
+
+
+def measure(args: argparse.Namespace, url: str, baseline_url: str | None) -> int:
     make_live(url)
     todo = commands(str(args.medic), url)
     if args.baseline:
-        todo.update({f"baseline.{k}": v for k, v in commands(args.baseline, url).items()})
+        if baseline_url:
+            make_live(baseline_url)
+        todo.update(
+            {f"baseline.{k}": v for k, v in commands(args.baseline, baseline_url or url).items()}
+        )
     walls: dict[str, list[float]] = {k: [] for k in todo}
     cpus: dict[str, list[float]] = {k: [] for k in todo}
     for argv_, extra in todo.values():  # one warm-up each: the page cache, the .pyc files

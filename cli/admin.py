@@ -8,19 +8,37 @@ codes (0 ok, 1 problem found or refused, 2 usage or configuration error).
 from __future__ import annotations
 
 import datetime as dt
-import getpass
-import json
-import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any
 
 import click
 from sqlalchemy import make_url, select
 
 from cli import node_view
+from cli.common import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_USAGE,
+    AdminError,
+    actor,
+    age,
+    clip,
+    config_option,
+    echo_json,
+    echo_table,
+    iso,
+    json_option,
+    load,
+    now_utc,
+    rung_name,
+    store_option,
+    table,
+    warn,
+    when,
+)
 from cli.complete import complete_node
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.settings import HookSettings, deprecations
@@ -37,78 +55,8 @@ from medic_core.store import (
 from medic_core.store.engine import parse_url
 from medic_core.store.models import EventRow
 from remediation import episodes as ep
-from remediation.policy import Rung
 from slurm_hooks.actions import slurm_env
 from slurm_hooks.resilient import parse_resilient
-
-EXIT_OK = 0
-EXIT_PROBLEM = 1
-EXIT_USAGE = 2
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class AdminError(click.ClickException):
-    """An error an operator can act on: what went wrong, why, and what to do, one line each."""
-
-    def __init__(self, what: str, why: str = "", fix: str = "", code: int = EXIT_PROBLEM) -> None:
-        super().__init__(what)
-        self.why = why
-        self.fix = fix
-        setattr(self, "exit_code", code)  # noqa: B010  (a ClassVar on ClickException)
-
-    def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(f"medic: {self.message}", err=True)
-        if self.why:
-            click.echo(f"  why: {self.why}", err=True)
-        if self.fix:
-            click.echo(f"  fix: {self.fix}", err=True)
-
-
-def warn(what: str, why: str = "", fix: str = "") -> None:
-    click.echo(f"medic: warning: {what}", err=True)
-    if why:
-        click.echo(f"  why: {why}", err=True)
-    if fix:
-        click.echo(f"  fix: {fix}", err=True)
-
-
-# --- shared options -------------------------------------------------------------------------
-
-
-def config_option(f: F) -> F:
-    return click.option(
-        "--config",
-        "config_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        envvar="MEDIC_CONFIG",
-        help="medic.toml (default: $MEDIC_CONFIG or /etc/medic/medic.toml).",
-    )(f)
-
-
-def store_option(f: F) -> F:
-    return click.option(
-        "--store",
-        "store_url",
-        metavar="URL",
-        help="Store URL, instead of [store] url from the config.",
-    )(f)
-
-
-def json_option(f: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
-
-
-def load(config_path: Path | None) -> MedicConfig:
-    try:
-        return load_config(config_path)
-    except ConfigError as exc:
-        raise AdminError(
-            "cannot read the configuration",
-            str(exc),
-            "fix the file, or name another with --config",
-            EXIT_USAGE,
-        ) from exc
 
 
 @contextmanager
@@ -156,83 +104,6 @@ def slurm_client(config: MedicConfig) -> CliSlurm:
         # Slurm's commands would retry for a minute before saying so.
         raise SlurmError(f"slurm.conf {conf} ([slurm] conf or $SLURM_CONF) does not exist")
     return CliSlurm(env=env, timeout=timeout)
-
-
-def actor() -> str:
-    """Who runs this command (the user behind sudo, when there is one)."""
-    return os.environ.get("SUDO_USER") or getpass.getuser()
-
-
-# --- output ---------------------------------------------------------------------------------
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    """Left-aligned columns two spaces apart; the last column is not padded."""
-    cells = [list(headers), *([str(c) for c in row] for row in rows)]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    out = []
-    for row in cells:
-        parts = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
-        out.append("  ".join([*parts, row[-1]]).rstrip())
-    return out
-
-
-def echo_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
-    click.echo("\n".join(table(headers, rows)))  # one write: listings run to 10,000 lines
-
-
-def echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, default=_json_default))
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, dt.datetime):
-        return iso(value)
-    if isinstance(value, (set, frozenset, tuple)):
-        return sorted(value) if isinstance(value, (set, frozenset)) else list(value)
-    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
-
-
-def iso(value: dt.datetime | None) -> str | None:
-    if value is None:
-        return None
-    return value.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def when(value: dt.datetime | None) -> str:
-    """UTC, to the second, as a table shows times."""
-    if value is None:
-        return "-"
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def age(value: dt.datetime | None, now: dt.datetime) -> str:
-    """`45s`, `12m`, `3h20m`, `2d4h`: how long ago."""
-    if value is None:
-        return "-"
-    seconds = max(0, int((now - value).total_seconds()))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes = seconds // 60
-    if minutes < 60:
-        return f"{minutes}m"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours}h" if hours else f"{days}d"
-
-
-def rung_name(rung: int) -> str:
-    try:
-        return Rung(rung).word
-    except ValueError:
-        return str(rung)
-
-
-def clip(text: str, width: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 _DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
@@ -287,10 +158,6 @@ def event_rows(events: Iterable[Event], with_node: bool = True) -> list[list[str
 
 
 EVENT_HEADERS = ("TIME", "NODE", "KIND", "SEVERITY", "FAULT", "TARGET", "MESSAGE")
-
-
-def now_utc() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 # --- medic events ---------------------------------------------------------------------------
@@ -670,8 +537,23 @@ __all__ = [
     "EXIT_PROBLEM",
     "EXIT_USAGE",
     "AdminError",
+    "actor",
+    "age",
+    "clip",
     "config",
+    "config_option",
+    "echo_json",
+    "echo_table",
     "events",
+    "iso",
     "jobs",
+    "json_option",
+    "load",
+    "now_utc",
     "remediation",
+    "rung_name",
+    "store_option",
+    "table",
+    "warn",
+    "when",
 ]

@@ -12,22 +12,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.shell_completion import CompletionItem
-from sqlalchemy import String, cast, select
 
-from medic_core.config import load_config
-from medic_core.store import Store, open_store, store_settings
-from medic_core.store.engine import parse_url
-from medic_core.store.models import ConditionRow, RmaTicketRow
+if TYPE_CHECKING:  # imported where used: the commands that name these import this module
+    from medic_core.store import Store
 
 MAX_CANDIDATES = 200
 
 
 @contextmanager
 def _store_for(ctx: click.Context) -> Iterator[Store | None]:
+    from medic_core.config import load_config
+    from medic_core.store import open_store, store_settings
+    from medic_core.store.engine import parse_url
+
     params = ctx.params
     url = params.get("store_url")
     try:
@@ -48,6 +49,10 @@ def _store_for(ctx: click.Context) -> Iterator[Store | None]:
 
 def node_names(store: Store, prefix: str, limit: int = MAX_CANDIDATES) -> list[str]:
     """Nodes the store has conditions for, whose name starts with `prefix`."""
+    from sqlalchemy import select
+
+    from medic_core.store.models import ConditionRow
+
     conditions = ConditionRow.__table__
     query = (
         select(conditions.c.node)
@@ -65,6 +70,10 @@ def ticket_ids(
 ) -> list[tuple[int, str]]:
     """(id, "node state fault_class") of tickets whose id starts with `prefix`, newest
     first; only those not closed with `open_only`."""
+    from sqlalchemy import String, cast, select
+
+    from medic_core.store.models import RmaTicketRow
+
     t = RmaTicketRow.__table__
     query = select(t.c.id, t.c.node, t.c.state, t.c.fault_class).order_by(t.c.id.desc())
     if prefix:

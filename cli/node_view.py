@@ -29,16 +29,16 @@ import datetime as dt
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, or_, select
-
-from medic_core.slurm import NodeInfo
 from medic_core.status import Status
-from medic_core.store import Store
-from medic_core.store.models import ConditionRow, RmaTicketRow
-from remediation import episodes as ep
+from medic_core.store_reader import Reader, placeholders, reader_of
+from remediation import episode_types as ep
 from remediation.policy import Rung
+
+if TYPE_CHECKING:
+    from medic_core.slurm import NodeInfo
+    from medic_core.store import Store
 
 NOT_OK = (Status.WARN.value, Status.CRITICAL.value, Status.UNKNOWN.value)
 NO_DATA = "NO_DATA"  # no condition in the store: no medic-healthd has reported
@@ -76,9 +76,12 @@ PHRASES = {
 _SEVERITY = {s.value: s.severity for s in Status}
 
 
+_DIGITS = re.compile(r"(\d+)")
+
+
 def natural_key(name: str) -> tuple[Any, ...]:
     """gpu2 before gpu10."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+    return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(name))
 
 
 def rung_word(rung: int) -> str:
@@ -209,44 +212,53 @@ def node_state(slurm: NodeInfo | None, facts: StoreFacts, now: dt.datetime) -> N
     return NodeState(OK, "healthy and in service" if slurm else "healthy (Slurm not asked)")
 
 
-def gather(store: Store, only: str | None = None) -> dict[str, StoreFacts]:
+def gather(source: Store | Reader, only: str | None = None) -> dict[str, StoreFacts]:
     """Every node the store knows (or only `only`), in four queries whatever the fleet's
     size: the newest condition write per node, the conditions that are not OK, the episodes
     that can still say something (open, needs_human, rma), and the tickets that keep nodes
-    out."""
-    conditions = ConditionRow.__table__
-    tickets = RmaTicketRow.__table__
-    seen_q = select(conditions.c.node, func.max(conditions.c.updated_at)).group_by(
-        conditions.c.node
+    out. Plain SQL through the driver (medic_core.store_reader): `medic nodes` reads it
+    without SQLAlchemy."""
+    if not isinstance(source, Reader):
+        with reader_of(source) as reader:
+            return gather(reader, only)
+    reader = source
+    node_is, node_args = ("", ()) if only is None else (" AND node = ?", (only,))
+    seen = reader.rows(
+        "SELECT node, max(updated_at) FROM conditions WHERE node = ? GROUP BY node"
+        if only is not None
+        else NEWEST_REPORTS,
+        node_args,
     )
-    bad_q = select(
-        conditions.c.node, conditions.c.type, conditions.c.target,
-        conditions.c.status, conditions.c.reason, conditions.c.since,
-    ).where(conditions.c.status.in_(NOT_OK))  # fmt: skip
-    ticket_q = (
-        select(tickets.c.id, tickets.c.node, tickets.c.state, tickets.c.requalify)
-        .where(or_(tickets.c.state != "closed", tickets.c.requalify.is_(True)))
-        .order_by(tickets.c.id)
+    bad = reader.rows(
+        "SELECT node, type, target, status, reason, since FROM conditions"
+        f" WHERE status IN ({placeholders(NOT_OK)}){node_is}",
+        (*NOT_OK, *node_args),
     )
-    if only is not None:
-        seen_q = seen_q.where(conditions.c.node == only)
-        bad_q = bad_q.where(conditions.c.node == only)
-        ticket_q = ticket_q.where(tickets.c.node == only)
-    with store.engine.connect() as conn:
-        seen = conn.execute(seen_q).all()
-        bad = conn.execute(bad_q).all()
-        held = conn.execute(ticket_q).all()
-    episodes = ep.EpisodeStore(store).find(
-        node=only, states=(*ep.OPEN_STATES, ep.NEEDS_HUMAN, ep.RMA)
+    held = reader.rows(
+        "SELECT id, node, state, requalify FROM rma_tickets"
+        f" WHERE (state <> ? OR requalify = ?){node_is} ORDER BY id",
+        ("closed", True, *node_args),
     )
+    wanted = (*ep.OPEN_STATES, ep.NEEDS_HUMAN, ep.RMA)
+    episodes = [
+        episode_of(reader, row)
+        for row in reader.rows(
+            f"SELECT {EPISODE_COLUMNS} FROM remediation_episodes"
+            f" WHERE state IN ({placeholders(wanted)}){node_is} ORDER BY id",
+            (*wanted, *node_args),
+        )
+    ]
+    when = reader.when
     facts: dict[str, StoreFacts] = {}
     for name, last in seen:
         f = facts.setdefault(name, StoreFacts())
         f.health = Status.OK.value
-        f.last_report = _aware(last)
+        f.last_report = when(last)
     for node, type_, target, status, reason, since in bad:
         f = facts.setdefault(node, StoreFacts())
-        f.faults.append(Fault(type_, target, status, reason, _aware(since)))
+        at = when(since)
+        assert at is not None
+        f.faults.append(Fault(type_, target, status, reason, at))
         if _SEVERITY[status] > _SEVERITY.get(f.health, 0):
             f.health = status
     for e in episodes:  # by id: the newest of each kind wins
@@ -257,13 +269,67 @@ def gather(store: Store, only: str | None = None) -> dict[str, StoreFacts]:
             f.human_episode = e
         else:
             f.rma_episode = e
-    for row in held:
-        facts.setdefault(row.node, StoreFacts()).tickets.append(
-            TicketBrief(int(row.id), row.state, bool(row.requalify))
+    for id_, node, state, requalify in held:
+        facts.setdefault(node, StoreFacts()).tickets.append(
+            TicketBrief(int(id_), state, bool(requalify))
         )
     for f in facts.values():
         f.faults.sort(key=lambda x: (-_SEVERITY[x.status], x.type, natural_key(x.target)))
     return facts
+
+
+# Each node's newest condition write, one index probe per node and two per node in all
+# (conditions (node, updated_at), schema version 6): the distinct nodes by skipping from one
+# to the next, then each one's max. A GROUP BY reads every condition's index entry instead
+# (760,000 on 10,000 nodes: 55 ms against 31 ms on SQLite).
+NEWEST_REPORTS = (
+    "WITH RECURSIVE nodes(node) AS ("
+    " SELECT min(node) FROM conditions"
+    " UNION ALL"
+    " SELECT (SELECT min(node) FROM conditions WHERE node > nodes.node) FROM nodes"
+    " WHERE nodes.node IS NOT NULL)"
+    " SELECT node, (SELECT max(updated_at) FROM conditions AS c WHERE c.node = nodes.node)"
+    " FROM nodes WHERE node IS NOT NULL"
+)
+
+# remediation_episodes' columns in the order episode_of() reads them.
+EPISODE_COLUMNS = (
+    "id, node, state, fault_class, target, check_name, recommendation, first_rung, rung,"
+    " attempts, message, evidence, failed_requalifications, ticket_id, opened_at,"
+    " updated_at, closed_at"
+)
+
+
+def _episode_time(value: Any) -> dt.datetime | None:
+    """As remediation.episodes reads its times: aware, a naive one taken as UTC."""
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    return ep._utc(value)
+
+
+def episode_of(reader: Reader, row: tuple[Any, ...]) -> ep.Episode:
+    """An Episode from a row of EPISODE_COLUMNS, as remediation.episodes builds it."""
+    (id_, node, state, fault_class, target, check, recommendation, first_rung, rung,
+     attempts, message, evidence, failed, ticket_id, opened, updated, closed) = row  # fmt: skip
+    opened_at, updated_at = _episode_time(opened), _episode_time(updated)
+    assert opened_at is not None and updated_at is not None
+    return ep.Episode(
+        id=int(id_), node=node, state=state, fault_class=fault_class, target=target,
+        check=check, recommendation=recommendation, first_rung=int(first_rung),
+        rung=int(rung), attempts=dict(reader.data(attempts) or {}), message=message,
+        evidence=dict(reader.data(evidence) or {}), failed_requalifications=int(failed),
+        ticket_id=ticket_id, opened_at=opened_at, updated_at=updated_at,
+        closed_at=_episode_time(closed),
+    )  # fmt: skip
+
+
+def control_of(reader: Reader) -> ep.Control:
+    """The fleet-wide pause switch, as remediation.episodes.EpisodeStore.control reads it."""
+    rows = reader.rows("SELECT paused, reason, actor, since FROM remediation_control WHERE id = 1")
+    if not rows:
+        return ep.Control(paused=False)
+    paused, reason, actor, since = rows[0]
+    return ep.Control(bool(paused), reason, actor, _episode_time(since))
 
 
 def states_of(
@@ -287,10 +353,6 @@ def summary_counts(states: Iterable[NodeState]) -> str:
     return ", ".join(parts)
 
 
-def _aware(value: dt.datetime) -> dt.datetime:
-    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-
-
 __all__ = [
     "NOT_OK",
     "NO_DATA",
@@ -300,6 +362,8 @@ __all__ = [
     "NodeState",
     "StoreFacts",
     "TicketBrief",
+    "control_of",
+    "episode_of",
     "gather",
     "node_state",
     "states_of",

@@ -14,12 +14,11 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli.admin import (
-    EVENT_HEADERS,
+from cli.common import (
     EXIT_PROBLEM,
     EXIT_USAGE,
     AdminError,
@@ -29,14 +28,12 @@ from cli.admin import (
     config_option,
     echo_json,
     echo_table,
-    episode_json,
-    event_json,
-    event_rows,
     iso,
     json_option,
     load,
     now_utc,
     opened_store,
+    read_store,
     rung_name,
     slurm_client,
     store_option,
@@ -50,13 +47,13 @@ from cli.node_view import (
     Fault,
     NodeState,
     StoreFacts,
+    control_of,
     gather,
     natural_key,
     node_state,
     out_of_service,
     summary_counts,
 )
-from cli.rma import LIST_HEADERS, list_rows, ticket_lines
 from medic_core.drain_reason import (
     admin_reason_problem,
     as_slurm_stores,
@@ -65,9 +62,15 @@ from medic_core.drain_reason import (
     parse_reason,
 )
 from medic_core.slurm import NodeInfo, SlurmError
-from medic_core.store import Severity, Store
-from remediation import episodes as ep
-from remediation import tickets
+from medic_core.status import Severity
+from medic_core.store_reader import Reader
+from remediation import episode_types as ep
+
+if TYPE_CHECKING:
+    from medic_core.store import Store
+
+# `medic nodes` imports only what it needs (tests/test_cli_startup.py): the store proper
+# (SQLAlchemy), the Slurm client's settings and the RMA commands load when a command uses them.
 
 SLURM_PERMISSION_FIX = (
     "Slurm decides who may: run as root or SlurmUser, or as a user with AdminLevel=Operator"
@@ -189,7 +192,7 @@ class NodeView:
 
 
 def fleet(
-    store: Store, slurm_nodes: Sequence[NodeInfo] | None, now: dt.datetime | None = None
+    store: Store | Reader, slurm_nodes: Sequence[NodeInfo] | None, now: dt.datetime | None = None
 ) -> list[NodeView]:
     """Every node Slurm or the store knows, with its health, faults, episode, whether its
     daemon has gone silent (as of `now`), and its word (cli.node_view.node_state)."""
@@ -323,10 +326,10 @@ def nodes(
     """Which nodes are out, why, and what Medic is doing about them."""
     now = now_utc()
     config = load(config_path)
-    with opened_store(config, store_url) as store:
+    with read_store(config, store_url) as reader:
         slurm_nodes = _slurm_nodes(config, store_only)
-        views = fleet(store, slurm_nodes, now)
-        control = ep.EpisodeStore(store).control()
+        views = fleet(reader, slurm_nodes, now)
+        control = control_of(reader)
     shown = select_views(
         views, show_all=show_all, states=states, partitions=partitions, faults=faults
     )
@@ -405,6 +408,10 @@ def show(
 ) -> None:
     """A node's Slurm state, conditions, recent events, episodes with their steps, and RMA
     tickets."""
+    from cli.admin import EVENT_HEADERS, episode_json, event_json, event_rows
+    from cli.rma import LIST_HEADERS, list_rows, ticket_lines
+    from remediation.episodes import EpisodeStore
+
     now = now_utc()
     config = load(config_path)
     info: NodeInfo | None = None
@@ -417,7 +424,7 @@ def show(
     with opened_store(config, store_url) as store:
         conditions = store.conditions(node=name)
         recent = store.events(node=name, limit=n_events) if n_events else []
-        episodes = ep.EpisodeStore(store)
+        episodes = EpisodeStore(store)
         found = episodes.find(node=name)[-n_episodes:][::-1] if n_episodes else []
         steps = {e.id: episodes.steps(e.id) for e in found}
         tickets = ticket_lines(store, node=name)
@@ -624,8 +631,11 @@ def resume(name: str, reason: str, force: bool, store_url: str | None,
             "Medic resumes only its own drains; the owner of this one may still be working",
             "ask them, or --force to resume anyway",
         )
+    from remediation import tickets
+    from remediation.episodes import EpisodeStore
+
     with opened_store(config, store_url) as store:
-        episode = ep.EpisodeStore(store).open_for(name)
+        episode = EpisodeStore(store).open_for(name)
         ticket_ids = tickets.open_tickets(store, name)
     if ticket_ids and not force:
         raise AdminError(

@@ -14,12 +14,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from sqlalchemy import func, select
 
-from cli.admin import (
+from cli.common import (
     EXIT_USAGE,
     AdminError,
     actor,
@@ -33,16 +32,21 @@ from cli.admin import (
     load,
     now_utc,
     opened_store,
+    read_store,
     rung_name,
     store_option,
     when,
 )
 from cli.complete import complete_node, complete_open_ticket, complete_ticket
-from medic_core.store import Store
-from medic_core.store.models import RmaAuditRow, RmaOutboxRow, RmaTicketRow
-from remediation import episodes as ep
-from remediation import tickets as rma
-from remediation.tickets import NEXT_STATES, AuditEntry, Ticket, TicketError, TicketState
+from medic_core.store_reader import Reader, placeholders, reader_of
+from remediation.ticket_states import NEXT_STATES, TicketState
+
+if TYPE_CHECKING:
+    from medic_core.store import Store
+    from remediation.tickets import AuditEntry, Ticket
+
+# `medic rma list` reads the store through the driver alone (cli.common.read_store); the other
+# commands import the store proper (SQLAlchemy) and remediation.tickets where they use them.
 
 STATE_WORDS = tuple(s.value for s in TicketState)
 OPEN_WORDS = tuple(s.value for s in TicketState if s is not TicketState.CLOSED)
@@ -101,35 +105,44 @@ def _aware(value: dt.datetime) -> dt.datetime:
 
 
 def ticket_lines(
-    store: Store, states: Sequence[str] | None = None, node: str | None = None
+    source: Store | Reader, states: Sequence[str] | None = None, node: str | None = None
 ) -> list[TicketLine]:
     """Tickets by id, in `states` (all when None), of `node` (all when None)."""
-    t = RmaTicketRow.__table__
-    a = RmaAuditRow.__table__
-    last = select(a.c.ticket_id, func.max(a.c.id).label("id")).group_by(a.c.ticket_id)
-    query = select(
-        t.c.id, t.c.node, t.c.state, t.c.fault_class, t.c.summary, t.c.gpus, t.c.resolution,
-        t.c.requalify, t.c.external_id, t.c.external_url, t.c.created_at, t.c.updated_at,
-        t.c.closed_at,
-    )  # fmt: skip
+    if not isinstance(source, Reader):
+        with reader_of(source) as reader:
+            return ticket_lines(reader, states, node)
+    where: list[str] = []
+    params: list[Any] = []
+    newest_where = ""
     if states is not None:
-        query = query.where(t.c.state.in_(states))
-        last = last.where(a.c.ticket_id.in_(select(t.c.id).where(t.c.state.in_(states))))
+        where.append(f"t.state IN ({placeholders(states)})")
+        newest_where = (
+            f" WHERE ticket_id IN (SELECT id FROM rma_tickets WHERE state IN"
+            f" ({placeholders(states)}))"
+        )
+        params += states  # the subquery's, first in the text
     if node is not None:
-        query = query.where(t.c.node == node)
-    newest = last.subquery("newest")
+        where.append("t.node = ?")
     query = (
-        query.add_columns(a.c.actor, a.c.note)
-        .outerjoin(newest, newest.c.ticket_id == t.c.id)
-        .outerjoin(a, a.c.id == newest.c.id)
-        .order_by(t.c.id)
+        "SELECT t.id, t.node, t.state, t.fault_class, t.summary, t.gpus, t.resolution,"
+        " t.requalify, t.external_id, t.external_url, t.created_at, t.updated_at,"
+        " t.closed_at, a.actor, a.note"
+        " FROM rma_tickets AS t"
+        " LEFT OUTER JOIN (SELECT ticket_id, max(id) AS id FROM rma_audit"
+        f"{newest_where} GROUP BY ticket_id) AS newest ON newest.ticket_id = t.id"
+        " LEFT OUTER JOIN rma_audit AS a ON a.id = newest.id"
+        + (" WHERE " + " AND ".join(where) if where else "")
+        + " ORDER BY t.id"
     )
-    with store.engine.connect() as conn:
-        rows = conn.execute(query).all()
-    return [_line(r) for r in rows]
+    if states is not None:
+        params += states
+    if node is not None:
+        params.append(node)
+    reader = source
+    return [_line(reader, r) for r in reader.rows(query, params)]
 
 
-def _line(r: Any) -> TicketLine:
+def _line(reader: Reader, r: Any) -> TicketLine:
     # Unpacked by position: a Row's attribute access is most of the cost on 3,000 tickets.
     (
         id_,
@@ -148,11 +161,14 @@ def _line(r: Any) -> TicketLine:
         last_actor,
         last_note,
     ) = r
+    when = reader.when
+    created, updated = when(created_at), when(updated_at)
+    assert created is not None and updated is not None
     return TicketLine(
         int(id_), node, state, fault_class, summary,
-        tuple(int(g.get("index", -1)) for g in gpus or ()), resolution, bool(requalify),
-        external_id, external_url, _aware(created_at), _aware(updated_at),
-        _aware(closed_at) if closed_at is not None else None, last_actor or "", last_note or "",
+        tuple(int(g.get("index", -1)) for g in reader.data(gpus) or ()), resolution,
+        bool(requalify), external_id, external_url, created, updated, when(closed_at),
+        last_actor or "", last_note or "",
     )  # fmt: skip
 
 
@@ -234,8 +250,8 @@ def rma_list(
     elif open_only:
         wanted = OPEN_WORDS
     config = load(config_path)
-    with opened_store(config, store_url) as store:
-        lines = ticket_lines(store, wanted, node)
+    with read_store(config, store_url) as reader:
+        lines = ticket_lines(reader, wanted, node)
     if as_json:
         echo_json([t.to_json() for t in lines])
         return
@@ -250,6 +266,8 @@ def rma_list(
 
 
 def _ticket_or_fail(store: Store, ticket_id: int) -> Ticket:
+    from remediation import tickets as rma
+
     ticket = rma.get(store, ticket_id)
     if ticket is None:
         raise AdminError(
@@ -288,6 +306,11 @@ class Deliveries:
 
 
 def deliveries(store: Store, ticket_id: int) -> Deliveries:
+    from sqlalchemy import func, select
+
+    from medic_core.store.models import RmaOutboxRow
+    from remediation import tickets as rma
+
     o = RmaOutboxRow.__table__
     counts_query = (
         select(o.c.state, func.count()).where(o.c.ticket_id == ticket_id).group_by(o.c.state)
@@ -319,6 +342,10 @@ class EpisodeRef:
 
 def linked_episodes(store: Store, ticket_id: int) -> list[EpisodeRef]:
     """The remediation episodes that ended in this ticket."""
+    from sqlalchemy import select
+
+    from remediation import episodes as ep
+
     e = ep.episodes
     query = (
         select(e.c.id, e.c.state, e.c.rung, e.c.opened_at)
@@ -401,6 +428,8 @@ def rma_show(
     ticket_id: int, as_json: bool, store_url: str | None, config_path: Path | None
 ) -> None:
     """One ticket: its GPUs, evidence, audit trail, notifications and re-qualification."""
+    from remediation import tickets as rma
+
     config = load(config_path)
     with opened_store(config, store_url) as store:
         ticket = _ticket_or_fail(store, ticket_id)
@@ -457,6 +486,8 @@ def rma_show(
 
 
 def _node_known(store: Store, node: str) -> bool:
+    from remediation import episodes as ep
+
     if store.conditions(node=node):
         return True
     if store.events(node=node, limit=1):
@@ -467,6 +498,9 @@ def _node_known(store: Store, node: str) -> bool:
 def manual_evidence(store: Store, node: str, note: str, who: str) -> dict[str, Any]:
     """What the store knows of `node`, in the usual bundle: its conditions that are not OK,
     its recent events and the steps of its newest remediation episode."""
+    from remediation import episodes as ep
+    from remediation import tickets as rma
+
     conditions = [
         {"type": c.type, "target": c.target, "status": c.status.value, "reason": c.reason,
          "message": c.message, "since": iso(c.since)}
@@ -523,6 +557,8 @@ def rma_open(
 ) -> None:
     """Open a ticket by hand, with the store's evidence for NODE (conditions, events, the
     ladder's steps). One ticket per node and fault class: an open one is not duplicated."""
+    from remediation import tickets as rma
+
     note = _note(note, "--note")
     if not FAULT_CLASS.match(fault_class):
         raise AdminError(
@@ -580,6 +616,9 @@ def _move(
     vendor_ref: str | None,
     url: str | None,
 ) -> Ticket:
+    from remediation import tickets as rma
+    from remediation.tickets import TicketError
+
     config = load(config_path)
     with opened_store(config, store_url) as store:
         ticket = _ticket_or_fail(store, ticket_id)
@@ -698,6 +737,8 @@ def rma_close(
 def rma_retry(ticket_id: int | None, store_url: str | None, config_path: Path | None) -> None:
     """Queue again the webhook deliveries the receiver refused (HTTP 4xx), of ticket ID or of
     every ticket, once the cause (the secret, the receiver) is fixed; the daemons send them."""
+    from remediation import tickets as rma
+
     config = load(config_path)
     with opened_store(config, store_url) as store:
         if ticket_id is not None:

@@ -37,6 +37,25 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from medic_core.store import Store
 from medic_core.store.engine import writer
+from remediation.episode_types import (
+    ACTING,
+    CLOSED,
+    CLOSED_STATES,
+    DRAINING_STATES,
+    NEEDS_HUMAN,
+    OPEN_STATES,
+    PAUSED,
+    REBOOTING,
+    RESOLVED,
+    RMA,
+    VERIFYING,
+    WAITING_CAP,
+    WAITING_IDLE,
+    Control,
+    Episode,
+    Step,
+    _utc,
+)
 
 ADMISSION_LOCK_KEY = 0x4D45444941  # "MEDIA": the PostgreSQL advisory lock for admission
 METADATA = MetaData()  # the newest schema of these tables, as the migrations make it
@@ -90,81 +109,6 @@ control = Table(
     Column("actor", String(255), nullable=False),
     Column("since", _when, nullable=False),
 )
-
-# Episode states. Open: the ladder is working on the node. Closed: done, one way or another.
-WAITING_IDLE = "waiting_idle"  # drained; waiting for running jobs to leave
-ACTING = "acting"  # a rung's step is recorded and running (or, after a crash, was)
-REBOOTING = "rebooting"  # the reboot was asked of Slurm; waiting for the new boot
-VERIFYING = "verifying"
-PAUSED = "paused"  # repairs paused (kill switch, fleet-wide signature); the node is drained
-WAITING_CAP = "waiting_cap"  # not drained: the drain cap is reached; drained once it frees
-OPEN_STATES = (WAITING_IDLE, ACTING, REBOOTING, VERIFYING, PAUSED, WAITING_CAP)
-RESOLVED = "resolved"  # repaired, re-qualified and resumed
-RMA = "rma"  # a ticket is open; the node stays drained
-NEEDS_HUMAN = "needs_human"  # beyond the drain cap, an unknown first rung, a drain not ours
-CLOSED = "closed"  # a human closed it (`medic episode close`): it waits on nothing any more
-CLOSED_STATES = (RESOLVED, RMA, NEEDS_HUMAN, CLOSED)
-# Open episodes whose node Medic holds drained (they count against the drain cap).
-DRAINING_STATES = (WAITING_IDLE, ACTING, REBOOTING, VERIFYING, PAUSED)
-
-
-def _utc(value: Any) -> dt.datetime | None:
-    if value is None:
-        return None
-    assert isinstance(value, dt.datetime)
-    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-
-
-@dataclass(frozen=True)
-class Episode:
-    id: int
-    node: str
-    state: str
-    fault_class: str
-    target: str
-    check: str
-    recommendation: str
-    first_rung: int
-    rung: int
-    attempts: Mapping[str, int]
-    message: str
-    evidence: Mapping[str, Any]
-    failed_requalifications: int
-    ticket_id: int | None
-    opened_at: dt.datetime
-    updated_at: dt.datetime
-    closed_at: dt.datetime | None
-
-    @property
-    def open(self) -> bool:
-        return self.state in OPEN_STATES
-
-    def attempts_at(self, rung: int) -> int:
-        return int(self.attempts.get(str(rung), 0))
-
-
-@dataclass(frozen=True)
-class Step:
-    id: int
-    episode_id: int
-    rung: int
-    action: str
-    attempt: int
-    state: str  # intent, done, failed, interrupted
-    argv: Sequence[str]
-    returncode: int | None
-    output: str
-    boot_id: str
-    started_at: dt.datetime
-    ended_at: dt.datetime | None
-
-
-@dataclass(frozen=True)
-class Control:
-    paused: bool
-    reason: str = ""
-    actor: str = ""
-    since: dt.datetime | None = None
 
 
 @dataclass
@@ -506,3 +450,26 @@ def _step(m: Mapping[Any, Any]) -> Step:
         started_at=started,
         ended_at=_utc(m["ended_at"]),
     )
+
+
+# Defined in remediation.episode_types (no SQLAlchemy there) and re-exported: every user of
+# the ladder's episodes keeps importing them from here.
+__all__ = [
+    "ACTING",
+    "CLOSED",
+    "CLOSED_STATES",
+    "DRAINING_STATES",
+    "NEEDS_HUMAN",
+    "OPEN_STATES",
+    "PAUSED",
+    "REBOOTING",
+    "RESOLVED",
+    "RMA",
+    "VERIFYING",
+    "WAITING_CAP",
+    "WAITING_IDLE",
+    "Control",
+    "Episode",
+    "EpisodeStore",
+    "Step",
+]

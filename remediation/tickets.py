@@ -19,7 +19,6 @@ import datetime as dt
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import select, update
@@ -38,25 +37,10 @@ from medic_core.store.models import (
     check_text,
     utc,
 )
+from remediation.ticket_states import NEXT_STATES, TicketState
 
 EXTERNAL_ID_LEN = 255
 
-
-class TicketState(StrEnum):
-    OPEN = "open"  # Medic opened it; the node stays drained
-    SUBMITTED = "submitted"  # handed to the site's ticketing system / the vendor
-    ACKNOWLEDGED = "acknowledged"  # the vendor accepted the RMA
-    REPLACED = "replaced"  # the part was swapped
-    CLOSED = "closed"  # done: replaced, or cancelled with a note
-
-
-NEXT_STATES: Mapping[TicketState, tuple[TicketState, ...]] = {
-    TicketState.OPEN: (TicketState.SUBMITTED, TicketState.CLOSED),
-    TicketState.SUBMITTED: (TicketState.ACKNOWLEDGED, TicketState.CLOSED),
-    TicketState.ACKNOWLEDGED: (TicketState.REPLACED, TicketState.CLOSED),
-    TicketState.REPLACED: (TicketState.CLOSED,),
-    TicketState.CLOSED: (),
-}
 
 REPLACED = "replaced"
 CANCELLED = "cancelled"

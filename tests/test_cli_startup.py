@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -127,6 +128,54 @@ def test_a_lazy_command_runs_and_shows_its_own_help() -> None:
     assert result.exit_code == 0, result.output
     assert "Usage: medic nodes" in result.output
     assert "--no-slurm" in result.output
+
+
+# What `medic nodes` and `medic rma list` must not import on a store at this Medic's schema:
+# they read it through the driver alone (medic_core.store_reader, cli.common.read_store).
+HEAVY_PACKAGES = {"sqlalchemy", "psycopg", "psycopg_binary"}
+HEAVY_MODULES = {
+    "medic_core.store",  # the store proper: SQLAlchemy, the models, the migrations
+    "remediation.episodes",
+    "remediation.tickets",
+    "cli.admin",
+    "medic_core.settings",
+    "slurm_hooks",
+}
+
+
+def heavy(loaded: list[str]) -> list[str]:
+    return [
+        m
+        for m in loaded
+        if m.split(".")[0] in HEAVY_PACKAGES
+        or any(m == h or m.startswith(h + ".") for h in HEAVY_MODULES)
+    ]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["nodes", "--no-slurm"],
+        ["nodes", "--no-slurm", "--json", "--all"],
+        ["rma", "list"],
+        ["rma", "list", "--all", "--json"],
+    ],
+)
+def test_listings_import_neither_sqlalchemy_nor_the_store_proper(
+    args: list[str], tmp_path: Path
+) -> None:
+    from medic_core.store import ConditionUpdate, Status, open_store
+
+    url = f"sqlite:///{tmp_path / 'medic.db'}"
+    with open_store(url) as store:
+        store.set_condition("gpu1", ConditionUpdate("cpus", Status.CRITICAL), now())
+    out, loaded = modules_loaded([*args, "--store", url])
+    assert out
+    assert heavy(loaded) == []
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
 
 
 def test_an_unknown_command_is_refused() -> None:

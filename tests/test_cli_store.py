@@ -46,7 +46,7 @@ def test_status_shows_what_migrate_will_do_and_migrate_does_it(url: str) -> None
     assert f"schema version:  4 (this Medic knows up to {LATEST})" in before.output
     assert "no record (before version 5)" in before.output
     assert "pending:         5 schema compatibility" in before.output
-    assert "`medic store migrate` applies 1 version(s)" in before.output
+    assert f"`medic store migrate` applies {LATEST - 4} version(s)" in before.output
 
     done = run("migrate", "--store", url)
     assert done.exit_code == 0, done.output

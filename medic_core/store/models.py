@@ -187,6 +187,8 @@ class ConditionRow(Base):
         UniqueConstraint("node", "type", "target"),
         # `medic nodes --status CRITICAL` across a fleet; (node, ...) is served by the unique.
         Index(None, "status", "node"),
+        # Each node's newest report (`medic nodes`: is its daemon silent?), from the index.
+        Index(None, "node", "updated_at"),
     )
 
     id: Mapped[int] = mapped_column(id_type(), primary_key=True, autoincrement=True)

@@ -54,6 +54,7 @@ from medic_core.store.migrations import m0002_remediation as m0002
 from medic_core.store.migrations import m0003_rma as m0003
 from medic_core.store.migrations import m0004_sweeps as m0004
 from medic_core.store.migrations import m0005_schema_compat as m0005
+from medic_core.store.migrations import m0006_conditions_node_updated as m0006
 from medic_core.store.models import UTCDateTime
 
 log = logging.getLogger("medic.store")
@@ -83,6 +84,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, m0003.DESCRIPTION, m0003.upgrade, Compat.ADDITIVE),
     Migration(4, m0004.DESCRIPTION, m0004.upgrade, Compat.ADDITIVE),
     Migration(5, m0005.DESCRIPTION, m0005.upgrade, Compat.ADDITIVE),
+    Migration(6, m0006.DESCRIPTION, m0006.upgrade, Compat.ADDITIVE),
 )
 
 _metadata = MetaData()
