@@ -16,7 +16,6 @@ Everything is clipped: a command line or a stack is the user's text.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import stat
@@ -47,8 +46,12 @@ class BeatRead:
 def prepare_dir(directory: Path) -> str:
     """Create the heartbeat directory (root's, mode 1733) or check the one there; "" when
     it is usable, else why not (hang detection then sees no job's progress)."""
-    with contextlib.suppress(FileExistsError):
+    try:
         directory.mkdir(mode=0o755, parents=True)
+    except FileExistsError:
+        pass
+    except OSError as exc:  # a read-only /run in a sandbox, a parent that is a file
+        return f"{directory}: cannot create it ({exc.strerror or exc})"
     try:
         fd = os.open(directory, _DIR_FLAGS)
     except OSError as exc:

@@ -320,6 +320,14 @@ def test_reader_short_file_symlink_fifo_hardlink_and_directory(
     assert "expected digits" in read_beat(hb_dir, "../x", NODE).problem
 
 
+def test_prepare_dir_says_why_it_cannot_create_never_raises(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    assert "cannot create it" in prepare_dir(tmp_path / "file" / "progress")
+    w = HangWatch(NODE, lambda: WatchSettings(directory=tmp_path / "file" / "p"),
+                  lambda: ("1",), lambda h: True)  # fmt: skip
+    assert w.look() == []  # no heartbeat there: nothing watched, and no exception
+
+
 def test_reader_refuses_a_directory_that_is_a_symlink_or_not_roots(tmp_path: Path) -> None:
     real = tmp_path / "real"
     assert prepare_dir(real) == ""
