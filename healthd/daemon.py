@@ -116,6 +116,7 @@ class HealthDaemon:
         self._wrote = False  # this round wrote to the store
         self._journaled = False  # events wait in the node's journal
         self._journal_looked = -JOURNAL_LOOK
+        self._replay_problem = ""  # why the last replay stopped with entries left ("" if not)
         self._due: dict[str, float] = {}
         self.runner_wait, self.busy_retry = RUNNER_WAIT, BUSY_RETRY
         self._busy_since: float | None = None  # the runner was busy when checks were due
@@ -454,6 +455,11 @@ class HealthDaemon:
                 done.left,
                 "".join(f"; set aside {line}" for line in done.set_aside),
             )
+        # Why entries still wait, once per reason (tried again every round meanwhile).
+        problem = done.stopped if done.left else ""
+        if problem and problem != self._replay_problem:
+            log.warning("journal: %d events wait: the replay stopped (%s)", done.left, problem)
+        self._replay_problem = problem
         self._journaled = done.left > 0
 
     def _store_failed(self, exc: Exception) -> None:

@@ -6,6 +6,7 @@ Python that runs the inline path against the NVML injection library."""
 from __future__ import annotations
 
 import json
+import os
 import socketserver
 import sys
 import threading
@@ -93,6 +94,11 @@ def hook_env(tmp_path: Path, config: Path) -> dict[str, str]:
 
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[proc.CommandResult, float]:
+    """Run the hook as slurmd would, timed. At a higher priority when root may give it (as
+    root's slurmd runs it on a node): these tests share two cores with several test workers
+    and lab daemons, and a starved process keeps no deadline (CI saw +0.61 s at 4 s)."""
+    if os.geteuid() == 0:
+        argv = ["nice", "-n", "-10", *argv]
     begin = time.monotonic()
     done = proc.run(argv, env=env, timeout=60)
     return done, time.monotonic() - begin
