@@ -68,8 +68,9 @@ def _gone(pid: int) -> bool:
 
 
 class PostgresServer:
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, settings: dict[str, str] | None = None) -> None:
         self.bindir = bindir
+        self.overrides = dict(settings or {})  # postgres -c settings (bench/fleet_store.py)
         # Outside pytest's tmp dir: that one is private to root, and the server's user must
         # reach the socket directory. Short, too: a socket path must fit in 107 bytes.
         self.base = Path(tempfile.mkdtemp(prefix="medic-pg-"))
@@ -121,6 +122,7 @@ class PostgresServer:
             "full_page_writes": "off",
             "timezone": SERVER_TIMEZONE,
             "max_connections": "100",
+            **self.overrides,
         }
         args = ["-D", str(self.data)]
         for key, value in settings.items():
