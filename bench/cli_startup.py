@@ -96,7 +96,7 @@ def pg_copy(server: Any, source_url: str, name: str) -> str:
     TEMPLATE)."""
     import psycopg
 
-    source = source_url.rsplit("/", 1)[1].split("?", 1)[0]
+    source = source_url.split("?", 1)[0].rsplit("/", 1)[1]
     with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{source}"'.encode())
     return str(server.url(name))
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         url = fill_fleet(server.create_database("fleet"))
         before = None
         if args.baseline:
-            before = pg_copy(server, "fleet", "fleet_before")
+            before = pg_copy(server, url, "fleet_before")
             as_schema_5(before)
         return measure(args, url, before)
     finally:

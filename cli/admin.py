@@ -34,6 +34,7 @@ from cli.common import (
     load,
     now_utc,
     rung_name,
+    slurm_client,
     store_option,
     table,
     warn,
@@ -42,7 +43,7 @@ from cli.common import (
 from cli.complete import complete_node
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.settings import HookSettings, deprecations
-from medic_core.slurm import CliSlurm, JobInfo, SlurmError
+from medic_core.slurm import JobInfo, SlurmError
 from medic_core.store import (
     BadStoreURL,
     Event,
@@ -55,7 +56,6 @@ from medic_core.store import (
 from medic_core.store.engine import parse_url
 from medic_core.store.models import EventRow
 from remediation import episodes as ep
-from slurm_hooks.actions import slurm_env
 from slurm_hooks.resilient import parse_resilient
 
 
@@ -89,21 +89,6 @@ def opened_store(config: MedicConfig, url: str | None) -> Iterator[Store]:
         ) from exc
     with store:
         yield store
-
-
-def slurm_client(config: MedicConfig) -> CliSlurm:
-    """Slurm's commands with SLURM_CONF from the config's `[slurm] conf`."""
-    try:
-        timeout = HookSettings.from_config(config).slurm_timeout
-    except ConfigError as exc:
-        raise AdminError("the configuration has a bad [hooks] table", str(exc), "fix it",
-                         EXIT_USAGE) from exc  # fmt: skip
-    env = slurm_env(config)
-    conf = env.get("SLURM_CONF")
-    if conf and not Path(conf).is_file():
-        # Slurm's commands would retry for a minute before saying so.
-        raise SlurmError(f"slurm.conf {conf} ([slurm] conf or $SLURM_CONF) does not exist")
-    return CliSlurm(env=env, timeout=timeout)
 
 
 _DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
@@ -552,6 +537,7 @@ __all__ = [
     "now_utc",
     "remediation",
     "rung_name",
+    "slurm_client",
     "store_option",
     "table",
     "warn",

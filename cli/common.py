@@ -208,7 +208,19 @@ def opened_store(config: MedicConfig, url: str | None) -> Iterator[Store]:
 
 
 def slurm_client(config: MedicConfig) -> CliSlurm:
-    """cli.admin.slurm_client, imported when a command asks Slurm."""
-    from cli.admin import slurm_client as client
+    """Slurm's commands with SLURM_CONF from the config's `[slurm] conf`."""
+    from medic_core.settings import HookSettings
+    from medic_core.slurm import CliSlurm, SlurmError
+    from slurm_hooks.actions import slurm_env
 
-    return client(config)
+    try:
+        timeout = HookSettings.from_config(config).slurm_timeout
+    except ConfigError as exc:
+        raise AdminError("the configuration has a bad [hooks] table", str(exc), "fix it",
+                         EXIT_USAGE) from exc  # fmt: skip
+    env = slurm_env(config)
+    conf = env.get("SLURM_CONF")
+    if conf and not Path(conf).is_file():
+        # Slurm's commands would retry for a minute before saying so.
+        raise SlurmError(f"slurm.conf {conf} ([slurm] conf or $SLURM_CONF) does not exist")
+    return CliSlurm(env=env, timeout=timeout)
