@@ -58,6 +58,7 @@ from typing import Any
 
 import psycopg
 from sqlalchemy import event, make_url
+from sqlalchemy.pool import QueuePool
 
 from medic_core.proc import spawn
 from medic_core.store import ConditionUpdate, Status, Store, open_store
@@ -362,11 +363,7 @@ def worker(
         for d in pending:
             d.flush()
         pending = [d for d in pending if d.unsynced or d.journal]
-    pools = [
-        d.store.engine.pool.checkedin() + d.store.engine.pool.checkedout()  # type: ignore[attr-defined]
-        for d in daemons
-        if d.store is not None
-    ]
+    pools = [kept(d) for d in daemons if d.store is not None]
     out.send(
         {
             "stmt": stats.stmt,
@@ -390,6 +387,16 @@ def worker(
         if d.store is not None:
             with contextlib.suppress(Exception):
                 d.store.close()
+
+
+def kept(d: SimDaemon) -> int:
+    """The connections a daemon's engine keeps open: its pool's, or with no pool (NullPool)
+    only the webhook sender's held one."""
+    assert d.store is not None
+    pool = d.store.engine.pool
+    if isinstance(pool, QueuePool):
+        return pool.checkedin() + pool.checkedout()
+    return 1 if d.election is not None and d.election.holding else 0
 
 
 def pct(values: list[float], q: float) -> float | None:

@@ -53,6 +53,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, event, select, text, update
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
 
 from medic_core.settings import WebhookSettings
 from medic_core.store import Store
@@ -580,7 +581,13 @@ class SenderElection:
     drops the role on any error, with one log line; its lock went with its session, and
     another daemon takes it at its next try. Closing the store (engine disposed) releases
     it. On SQLite every daemon is a sender. `clock` (monotonic seconds) and `rng` are for
-    tests."""
+    tests.
+
+    With `[store] pool = "null"` (a pooler such as pgbouncer in transaction mode between the
+    daemons and the server) a session lock would stay on a server connection the pooler
+    hands to others after the commit; the lock is then `pg_try_advisory_xact_lock` in a
+    transaction the sender keeps open (the pooler keeps that server connection its own
+    until it ends, as it ends when the daemon's connection closes)."""
 
     def __init__(
         self,
@@ -604,6 +611,9 @@ class SenderElection:
         self._next_try = float("-inf")  # the first call tries at once
         self._next_verify = float("-inf")
         self._closed = False
+        # Behind a transaction-mode pooler (no pool of our own): hold the lock in a
+        # transaction instead of a session.
+        self.transactional = isinstance(self._engine.pool, NullPool)
         if self.backend == "postgresql":
             event.listen(self._engine, "engine_disposed", self._on_dispose)
 
@@ -633,10 +643,10 @@ class SenderElection:
         conn = None
         try:
             conn = self._engine.connect()
-            got = bool(
-                conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}).scalar()
-            )
-            conn.commit()  # the session lock outlives the transaction
+            try_lock = "pg_try_advisory_xact_lock" if self.transactional else "pg_try_advisory_lock"
+            got = bool(conn.execute(text(f"SELECT {try_lock}(:k)"), {"k": self.key}).scalar())
+            if not self.transactional:
+                conn.commit()  # the session lock outlives the transaction
         except Exception as exc:
             log.debug("webhook sender election: cannot try the lock: %s", _first_line(exc))
             got = False
@@ -654,7 +664,8 @@ class SenderElection:
         assert held is not None
         try:
             held.execute(text("SELECT 1"))
-            held.commit()
+            if not self.transactional:
+                held.commit()
         except Exception as exc:
             log.warning(
                 "webhook: no longer the fleet's webhook sender (its store connection failed:"

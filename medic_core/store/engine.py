@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError
+from sqlalchemy.pool import NullPool
 
 log = logging.getLogger("medic.store")
 
@@ -174,9 +175,20 @@ def _closed(directory: Path) -> bool:
     return not os.access(directory, os.X_OK)
 
 
-def make_engine(url: URL) -> Engine:
+POOLS = ("queue", "null")
+DEFAULT_POOL = "queue"
+DEFAULT_POOL_SIZE = 5
+
+
+def make_engine(url: URL, pool: str = DEFAULT_POOL, pool_size: int = DEFAULT_POOL_SIZE) -> Engine:
     """An engine for a URL that `parse_url` accepted. A SQLite database is created 0600 in a
-    directory Medic creates 0700; an existing directory keeps its mode."""
+    directory Medic creates 0700; an existing directory keeps its mode.
+
+    PostgreSQL: `pool` "queue" keeps up to `pool_size` idle connections (SQLAlchemy's
+    QueuePool; each is a server backend while idle); "null" opens a connection per
+    transaction and keeps none, for a pooler in transaction mode (pgbouncer) in front of the
+    server; psycopg's server-side prepared statements are then off (a transaction-mode
+    pooler cannot keep them). SQLite ignores both."""
     if url.get_backend_name() == "sqlite":
         assert url.database
         path = Path(url.database)
@@ -207,9 +219,16 @@ def make_engine(url: URL) -> Engine:
         event.listen(engine, "connect", _sqlite_connect)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
+    if pool == "null":
+        return create_engine(
+            url,
+            poolclass=NullPool,
+            connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S, "prepare_threshold": None},
+        )
     return create_engine(
         url,
         pool_pre_ping=True,
+        pool_size=pool_size,
         connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S},
     )
 

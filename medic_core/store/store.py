@@ -21,6 +21,9 @@ from sqlalchemy.orm import Session
 
 from medic_core.config import ConfigError, MedicConfig
 from medic_core.store.engine import (
+    DEFAULT_POOL,
+    DEFAULT_POOL_SIZE,
+    POOLS,
     BadStoreURL,
     StoreError,
     describe,
@@ -48,7 +51,8 @@ from medic_core.store.models import (
 
 DEFAULT_EVENT_RETENTION_DAYS = 90
 DEFAULT_EVENTS_LIMIT = 1000
-STORE_KEYS = ("url", "event_retention_days")
+STORE_KEYS = ("url", "event_retention_days", "pool", "pool_size")
+MAX_POOL_SIZE = 50
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ class StoreSettings:
 
     url: str
     event_retention_days: int = DEFAULT_EVENT_RETENTION_DAYS
+    pool: str = DEFAULT_POOL  # PostgreSQL: "queue" (idle connections kept) or "null"
+    pool_size: int = DEFAULT_POOL_SIZE  # idle connections a "queue" pool keeps
 
 
 def default_url(state_dir: Path) -> str:
@@ -88,21 +94,44 @@ def store_settings(config: MedicConfig) -> StoreSettings:
             f"expected a whole number of days >= 1, got {days!r}",
             f"give a number such as {DEFAULT_EVENT_RETENTION_DAYS}",
         )
-    return StoreSettings(url=raw_url, event_retention_days=days)
+    pool = table.get("pool", DEFAULT_POOL)
+    if pool not in POOLS:
+        raise ConfigError(
+            config.source,
+            "store.pool",
+            f"expected one of {', '.join(POOLS)}, got {pool!r}",
+            'use "queue" (connections kept, the default) or "null" (behind pgbouncer in'
+            " transaction mode)",
+        )
+    size = table.get("pool_size", DEFAULT_POOL_SIZE)
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_POOL_SIZE:
+        raise ConfigError(
+            config.source,
+            "store.pool_size",
+            f"expected a whole number from 1 to {MAX_POOL_SIZE}, got {size!r}",
+            f"give a number such as {DEFAULT_POOL_SIZE}",
+        )
+    return StoreSettings(url=raw_url, event_retention_days=days, pool=pool, pool_size=size)
 
 
 def open_store(
-    url: str | URL, *, migrations: Sequence[Migration] = MIGRATIONS, allow_breaking: bool = False
+    url: str | URL,
+    *,
+    migrations: Sequence[Migration] = MIGRATIONS,
+    allow_breaking: bool = False,
+    pool: str = DEFAULT_POOL,
+    pool_size: int = DEFAULT_POOL_SIZE,
 ) -> Store:
     """Open the database at `url`, creating or upgrading its schema first (additive
     migrations only, unless `allow_breaking`: see migrations.migrate).
 
     Raises BadStoreURL for a URL Medic cannot use and StoreError when the database cannot be
     reached, its schema is newer than this Medic, or a breaking migration is pending.
-    `migrations` is for tests.
+    `migrations` is for tests; `pool` and `pool_size` are `[store]`'s (PostgreSQL only: see
+    engine.make_engine).
     """
     parsed = parse_url(url)
-    engine = make_engine(parsed)
+    engine = make_engine(parsed, pool, pool_size)
     try:
         migrate(engine, migrations, allow_breaking=allow_breaking)
     except DBAPIError as exc:
@@ -119,7 +148,8 @@ def open_store(
 
 
 def open_configured_store(config: MedicConfig) -> Store:
-    return open_store(store_settings(config).url)
+    settings = store_settings(config)
+    return open_store(settings.url, pool=settings.pool, pool_size=settings.pool_size)
 
 
 def _insert_ignoring_conflict(dialect: str, values: dict[str, Any]) -> Any:
