@@ -289,7 +289,11 @@ def process_evidence(proc_root: Path, pids: list[int], *, py_spy_timeout: float 
         command = _read(base / "cmdline", 512).replace("\0", " ").strip()[:200]
         threads = []
         try:
-            tids = sorted(int(t) for t in os.listdir(base / "task") if t.isdigit())
+            # The main thread first: after PIDs wrap, other threads' ids may be lower.
+            tids = sorted(
+                (int(t) for t in os.listdir(base / "task") if t.isdigit()),
+                key=lambda tid: (tid != pid, tid),
+            )
         except OSError:
             tids = [pid]
         for tid in tids[:MAX_THREADS]:

@@ -364,7 +364,7 @@ def full_exposition(daemon: HealthDaemon) -> str:
     ladder's view of Slurm, an episode waiting on a human and an open RMA ticket."""
     xids = XidBuffer()
     xids.add(79, 2, source="nvml", monotonic=1.0)
-    daemon.gpu = SimpleNamespace(xids=xids)  # type: ignore[assignment]
+    daemon.gpu = SimpleNamespace(xids=xids, client=None)  # type: ignore[assignment]
     daemon.attach(attach_ladder(daemon))
     assert daemon.ladder is not None
     daemon.ladder.seen.read(NodeInfo(daemon.node, "IDLE", frozenset({"DRAIN"}), "medic: x"))
