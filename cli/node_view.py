@@ -226,7 +226,7 @@ def gather(source: Store | Reader, only: str | None = None) -> dict[str, StoreFa
     seen = reader.rows(
         "SELECT node, max(updated_at) FROM conditions WHERE node = ? GROUP BY node"
         if only is not None
-        else NEWEST_REPORTS,
+        else NEWEST_REPORTS[reader.backend],
         node_args,
     )
     bad = reader.rows(
@@ -278,19 +278,32 @@ def gather(source: Store | Reader, only: str | None = None) -> dict[str, StoreFa
     return facts
 
 
-# Each node's newest condition write, one index probe per node and two per node in all
-# (conditions (node, updated_at), schema version 6): the distinct nodes by skipping from one
-# to the next, then each one's max. A GROUP BY reads every condition's index entry instead
-# (760,000 on 10,000 nodes: 55 ms against 31 ms on SQLite).
-NEWEST_REPORTS = (
-    "WITH RECURSIVE nodes(node) AS ("
-    " SELECT min(node) FROM conditions"
-    " UNION ALL"
-    " SELECT (SELECT min(node) FROM conditions WHERE node > nodes.node) FROM nodes"
-    " WHERE nodes.node IS NOT NULL)"
-    " SELECT node, (SELECT max(updated_at) FROM conditions AS c WHERE c.node = nodes.node)"
-    " FROM nodes WHERE node IS NOT NULL"
-)
+# Each node's newest condition write, read from the index conditions (node, updated_at)
+# (schema version 6) by skipping from one node to the next instead of reading every
+# condition: on PostgreSQL one probe per node (the next lower node's newest entry, LATERAL),
+# on SQLite (no LATERAL) two (the next node, then its max). 10,000 nodes / 760,000
+# conditions: PostgreSQL 40 ms (two probes: 68 ms, GROUP BY: 74 ms); SQLite 31 ms (GROUP BY
+# over the index: 55 ms, over the table: 319 ms).
+NEWEST_REPORTS = {
+    "postgresql": (
+        "WITH RECURSIVE newest(node, last) AS ("
+        " (SELECT node, updated_at FROM conditions ORDER BY node DESC, updated_at DESC LIMIT 1)"
+        " UNION ALL"
+        " SELECT c.node, c.updated_at FROM newest CROSS JOIN LATERAL"
+        " (SELECT node, updated_at FROM conditions WHERE node < newest.node"
+        " ORDER BY node DESC, updated_at DESC LIMIT 1) AS c)"
+        " SELECT node, last FROM newest"
+    ),
+    "sqlite": (
+        "WITH RECURSIVE nodes(node) AS ("
+        " SELECT min(node) FROM conditions"
+        " UNION ALL"
+        " SELECT (SELECT min(node) FROM conditions WHERE node > nodes.node) FROM nodes"
+        " WHERE nodes.node IS NOT NULL)"
+        " SELECT node, (SELECT max(updated_at) FROM conditions AS c WHERE c.node = nodes.node)"
+        " FROM nodes WHERE node IS NOT NULL"
+    ),
+}
 
 # remediation_episodes' columns in the order episode_of() reads them.
 EPISODE_COLUMNS = (

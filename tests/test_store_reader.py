@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import Connection, text
 
-from cli.node_view import control_of, gather
+from cli.node_view import NEWEST_REPORTS, control_of, gather
 from cli.nodes import nodes
 from cli.rma import rma_command, ticket_lines
 from medic_core.store import MIGRATIONS, Compat, ConditionUpdate, Migration, Status, open_store
@@ -82,6 +82,24 @@ def test_the_reader_reads_what_the_store_proper_reads(url: str) -> None:
     assert lean_lines[0].gpus == (3,)
     assert lean_lines[0].created_at == NOW
     assert lean_control.paused and lean_control.reason == "maintenance"
+
+
+def test_newest_reports_are_each_nodes_max(url: str) -> None:
+    with open_store(url) as store:
+        for i, node in enumerate(["gpu2", "gpu10", "a", "b-1", "Z", "gpu1"]):
+            at = NOW + dt.timedelta(minutes=i)
+            store.set_conditions(
+                node, [ConditionUpdate("x", Status.OK), ConditionUpdate("y", Status.OK)], at
+            )
+            if i % 2:
+                store.set_condition(node, ConditionUpdate("y", Status.WARN), at + dt.timedelta(i))
+    reader = open_reader(url)
+    assert reader is not None
+    with reader:
+        skipping = reader.rows(NEWEST_REPORTS[reader.backend])
+        grouped = reader.rows("SELECT node, max(updated_at) FROM conditions GROUP BY node")
+    assert len(skipping) == 6
+    assert sorted(skipping) == sorted(grouped)
 
 
 def test_the_listings_through_the_reader(url: str) -> None:
