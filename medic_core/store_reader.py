@@ -33,7 +33,9 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 # The newest schema version this Medic knows: len(medic_core.store.migrations.MIGRATIONS).
 SCHEMA_VERSION = 6
-STORE_KEYS = ("url", "event_retention_days")
+STORE_KEYS = ("url", "event_retention_days", "pool", "pool_size")  # as store_settings'
+POOLS = ("queue", "null")
+MAX_POOL_SIZE = 50
 SQLITE_BUSY_TIMEOUT_MS = 10_000  # as the store's (medic_core.store.engine)
 PG_CONNECT_TIMEOUT_S = 10
 _PG_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgres+psycopg")
@@ -52,6 +54,11 @@ def configured_url(table: Mapping[str, Any], state_dir: Path) -> str | None:
         return None
     days = table.get("event_retention_days", 1)
     if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+        return None
+    if table.get("pool", POOLS[0]) not in POOLS:
+        return None
+    size = table.get("pool_size", 1)
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_POOL_SIZE:
         return None
     url = table.get("url", default_url(state_dir))
     return url if isinstance(url, str) else None
@@ -201,6 +208,7 @@ def _postgresql(url: str) -> Reader | None:
     kwargs.update(options)
     conn = psycopg.connect(**{k: v for k, v in kwargs.items() if v is not None})
     conn.read_only = True
+    conn.prepare_threshold = None  # one query each: nothing to gain, and pgbouncer-safe
     return Reader(conn, "postgresql")
 
 

@@ -17,7 +17,10 @@ from sqlalchemy import Connection, text
 from cli.node_view import NEWEST_REPORTS, control_of, gather
 from cli.nodes import nodes
 from cli.rma import rma_command, ticket_lines
+from medic_core import store_reader
 from medic_core.store import MIGRATIONS, Compat, ConditionUpdate, Migration, Status, open_store
+from medic_core.store import engine as engine_module
+from medic_core.store import store as store_module
 from medic_core.store.engine import make_engine, parse_url
 from medic_core.store.migrations import current_version, migrate
 from medic_core.store_reader import SCHEMA_VERSION, configured_url, open_reader
@@ -28,8 +31,13 @@ from tests.pg import PostgresServer, pg_server  # noqa: F401  (pytest fixture)
 NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 
 
-def test_the_reader_knows_the_newest_schema() -> None:
+def test_the_reader_knows_the_newest_schema_and_the_store_table() -> None:
     assert len(MIGRATIONS) == SCHEMA_VERSION
+    assert (store_reader.STORE_KEYS, store_reader.MAX_POOL_SIZE) == (
+        store_module.STORE_KEYS,
+        store_module.MAX_POOL_SIZE,
+    )
+    assert store_reader.POOLS == engine_module.POOLS
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -200,6 +208,10 @@ def test_a_store_table_the_reader_is_not_sure_of_goes_to_the_store_proper() -> N
     assert configured_url({}, state) == "sqlite:////var/lib/medic/medic.db"
     assert configured_url({"url": "sqlite:////x.db", "event_retention_days": 3}, state)
     assert configured_url({"url": "sqlite:////x.db", "nosuch": 1}, state) is None
+    assert configured_url({"url": "sqlite:////x.db", "pool": "null", "pool_size": 50}, state)
+    assert configured_url({"pool": "nosuch"}, state) is None
+    assert configured_url({"pool_size": 51}, state) is None
+    assert configured_url({"pool_size": True}, state) is None
     assert configured_url({"url": 5}, state) is None
     assert configured_url({"event_retention_days": 0}, state) is None
     assert configured_url({"event_retention_days": True}, state) is None
