@@ -20,7 +20,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import click
 
 from medic_core.config import ConfigError, MedicConfig, load_config
-from medic_core.store_reader import Reader, configured_url, open_reader, reader_of
+from medic_core.store_reader import Reader, Unreachable, configured_url, open_reader, reader_of
 from remediation.policy import Rung
 
 if TYPE_CHECKING:
@@ -187,7 +187,17 @@ def read_store(config: MedicConfig, url: str | None) -> Iterator[Reader]:
     newer schema refused or run with its warning) and read through that connection."""
     if url is None:
         url = configured_url(config.table("store"), config.paths.state_dir)
-    reader = open_reader(url) if url is not None else None
+    try:
+        reader = open_reader(url) if url is not None else None
+    except Unreachable as exc:  # said as the store proper says it (cli.admin.opened_store)
+        from medic_core.store.engine import describe, parse_url
+
+        raise AdminError(
+            "cannot open the store",
+            f"store {describe(parse_url(url or ''))}: {exc}; check [store] url and that the"
+            " database is reachable and writable",
+            "check [store] url and the database server",
+        ) from exc
     if reader is None:
         from cli.admin import opened_store  # the store proper: SQLAlchemy, migrations
 

@@ -43,6 +43,11 @@ _SQLITE_PREFIXES = ("sqlite:///", "sqlite+pysqlite:///")
 _SIDE_FILES = ("", "-wal", "-shm", "-journal")
 
 
+class Unreachable(RuntimeError):
+    """The PostgreSQL server did not take the connection: the first line of its error. Not
+    left to the store proper, which would wait for the same server a second time."""
+
+
 def default_url(state_dir: Path) -> str:
     return f"sqlite:///{state_dir / 'medic.db'}"
 
@@ -142,6 +147,8 @@ def open_reader(url: str) -> Reader | None:
             reader = _postgresql(url)
         else:
             return None
+    except Unreachable:
+        raise
     except Exception:  # any doubt: the store proper says what is wrong
         return None
     if reader is None:
@@ -206,7 +213,10 @@ def _postgresql(url: str) -> Reader | None:
     if parts.hostname:
         kwargs["host"] = parts.hostname
     kwargs.update(options)
-    conn = psycopg.connect(**{k: v for k, v in kwargs.items() if v is not None})
+    try:
+        conn = psycopg.connect(**{k: v for k, v in kwargs.items() if v is not None})
+    except psycopg.OperationalError as exc:
+        raise Unreachable(str(exc).strip().splitlines()[0] if str(exc).strip() else "") from exc
     conn.read_only = True
     conn.prepare_threshold = None  # one query each: nothing to gain, and pgbouncer-safe
     return Reader(conn, "postgresql")
@@ -216,6 +226,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "STORE_KEYS",
     "Reader",
+    "Unreachable",
     "configured_url",
     "default_url",
     "open_reader",

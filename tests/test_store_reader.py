@@ -23,7 +23,7 @@ from medic_core.store import engine as engine_module
 from medic_core.store import store as store_module
 from medic_core.store.engine import make_engine, parse_url
 from medic_core.store.migrations import current_version, migrate
-from medic_core.store_reader import SCHEMA_VERSION, configured_url, open_reader
+from medic_core.store_reader import SCHEMA_VERSION, Unreachable, configured_url, open_reader
 from remediation import tickets
 from remediation.episodes import EpisodeStore
 from tests.pg import PostgresServer, pg_server  # noqa: F401  (pytest fixture)
@@ -171,6 +171,22 @@ def test_a_newer_store_that_refuses_this_medic_is_refused_on_one_line(url: str) 
             f"  why: the database's schema is version {SCHEMA_VERSION + 1} but this Medic"
             f" knows versions up to {SCHEMA_VERSION}"
         )
+
+
+def test_an_unreachable_server_is_said_once_as_the_store_proper_says_it(tmp_path: Path) -> None:
+    from cli.admin import AdminError, opened_store
+    from medic_core.config import MedicConfig
+
+    url = f"postgresql+psycopg://postgres@/medic?host={tmp_path / 'nosuchdir'}"
+    with pytest.raises(Unreachable):
+        open_reader(url)
+    result = CliRunner().invoke(nodes, ["--no-slurm", "--store", url])
+    assert result.exit_code == 1
+    with pytest.raises(AdminError) as proper, opened_store(MedicConfig(None, "n"), url):
+        pass
+    said = proper.value
+    assert result.output == f"medic: {said.message}\n  why: {said.why}\n  fix: {said.fix}\n"
+    assert said.why.startswith("store postgresql+psycopg://postgres@/medic?host=")
 
 
 def test_a_missing_sqlite_store_is_neither_read_nor_created(tmp_path: Path) -> None:
