@@ -27,7 +27,9 @@ from healthd.api import ask
 from healthd.checks import registry
 
 
-def footprint(seconds: float, interval: float, sample_every: float) -> dict[str, object]:
+def footprint(
+    seconds: float, interval: float, sample_every: float, launches_per_second: float = 0.0
+) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="medic-bench-") as tmp:
         lab = Lab(Path(tmp))
         lab.up(LabSpec(nodes=1, gpus_per_node=8))
@@ -41,9 +43,18 @@ def footprint(seconds: float, interval: float, sample_every: float) -> dict[str,
             startup_cpu = sum(process.cpu_times()[:2])
             rss: list[float] = []
             begin_cpu, begin = startup_cpu, time.monotonic()
+            next_sample, launches, job = begin + sample_every, 0, 0
+            gap = 1.0 / launches_per_second if launches_per_second else sample_every
             while time.monotonic() - begin < seconds:
-                time.sleep(sample_every)
-                rss.append(process.memory_info().rss / 2**20)
+                time.sleep(gap)
+                if launches_per_second:  # the compiled front's real request, as a job starts
+                    job += 1
+                    request = {"op": "launch", "fresh_only": True, "job_id": str(job)}
+                    ask(lab.node("n1").socket, request, timeout=5)
+                    launches += 1
+                if time.monotonic() >= next_sample:
+                    next_sample += sample_every
+                    rss.append(process.memory_info().rss / 2**20)
             cpu = sum(process.cpu_times()[:2]) - begin_cpu
             wall = time.monotonic() - begin
             runs = _check_runs(lab, "n1")
@@ -61,6 +72,8 @@ def footprint(seconds: float, interval: float, sample_every: float) -> dict[str,
         "rss_mb_max": round(max(rss), 1),
         "rss_mb_last": round(rss[-1], 1),
         "check_runs_per_minute": round(runs / (wall / 60), 1) if runs else None,
+        "launch_requests": launches,
+        "load_average_1m_at_end": round(psutil.getloadavg()[0], 2),
     }
 
 
@@ -81,8 +94,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=300)
     parser.add_argument("--interval", type=float, default=10)
     parser.add_argument("--sample-every", type=float, default=5)
+    parser.add_argument(
+        "--launches-per-second",
+        type=float,
+        default=0.0,
+        help="the prolog's real request (as medic-hook sends it) at this rate, e.g. 1",
+    )
     args = parser.parse_args()
-    print(json.dumps(footprint(args.seconds, args.interval, args.sample_every)))
+    figures = footprint(args.seconds, args.interval, args.sample_every, args.launches_per_second)
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":
