@@ -331,6 +331,7 @@ def test_a_copy_follows_a_symlink_to_a_file(tmp_path: Path) -> None:
 
 COMMIT_WITH_A_FULL_DISK = """
 import resource, signal, sys
+sys.dont_write_bytecode = True  # a .pyc written under the limit would be cut short for all
 from cli.main import main
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))  # the manifest no longer fits

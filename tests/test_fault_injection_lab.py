@@ -66,11 +66,15 @@ def node_config(
     healthd: str = "",
     store_url: str | None = None,
     extra: str = "",
+    state_dir: Path | None = None,
 ) -> Path:
     """The lab's medic.toml with lines added to [remediation] and [healthd], a first rung
     override, check options, another [store] url ("" for the node's own SQLite store in
-    its state_dir) and `extra` tables at the end."""
+    its state_dir), another state_dir and `extra` tables at the end."""
     text = lab.layout.medic_conf.read_text()
+    if state_dir is not None:
+        text, count = re.subn(r"\nstate_dir = [^\n]*\n", f'\nstate_dir = "{state_dir}"\n', text)
+        assert count == 1
     if first_rung:
         text = text.replace("\nfirst_rung = { ", f"\nfirst_rung = {{ {first_rung}, ", 1)
     text = text.replace("[remediation]\n", f"[remediation]\n{remediation}\n", 1)
@@ -169,8 +173,8 @@ def fill(filler: Path) -> None:
 
 class StoreOutage:
     """n1's store and a way to take it away and give it back: PostgreSQL stopped and
-    started again (its data kept), or the SQLite store's filesystem (a 4 MiB tmpfs that is
-    n1's state_dir, the journal's place too) filled and freed."""
+    started again (its data kept), or the SQLite store's filesystem (a 4 MiB tmpfs) filled
+    and freed."""
 
     def __init__(self, kind: str, store: Store, conf: Path, server: PostgresServer | None,
                  filler: Path | None) -> None:  # fmt: skip
@@ -197,11 +201,18 @@ NVLINK = {"gpu_nvlink": "interval = 2\n"}
 @pytest.fixture(params=["postgresql", "disk full"])
 def outage(lab: Lab, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StoreOutage]:
     """n1's daemon on a store that can fail (the ladder off: the drain and the requeue are
-    the subject); the store is back and the tmpfs gone whatever the test did."""
+    the subject); the store is back and the tmpfs gone whatever the test did.
+
+    The daemon keeps its state (and so its journal) in a directory of its own: the lab's
+    HealthCheckProgram, which runs with the lab's medic.toml and store, replays the
+    journal of <node>/state into that other store, and once took the outage's events
+    there (as it should on a node, where every Medic process reads one medic.toml)."""
+    private_state = tmp_path / "n1-state"
     if request.param == "postgresql":
         server: PostgresServer = request.getfixturevalue("pg_server")
         url = server.create_database("medic_outage")
-        conf = node_config(lab, tmp_path, remediation=LADDER_OFF, store_url=url, checks=NVLINK)
+        conf = node_config(lab, tmp_path, remediation=LADDER_OFF, store_url=url, checks=NVLINK,
+                           state_dir=private_state)  # fmt: skip
         with open_store(url) as store:
             it = StoreOutage(request.param, store, conf, server, None)
             try:
@@ -210,15 +221,18 @@ def outage(lab: Lab, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator
                 with contextlib.suppress(RuntimeError, TimeoutError):
                     it.back()
         return
-    state = lab.node("n1").state_dir
-    mount_tmpfs(state, "4m")
+    disk = tmp_path / "store-disk"  # the store's filesystem, the one that fills
+    disk.mkdir()
+    mount_tmpfs(disk, "4m")
     try:
-        conf = node_config(lab, tmp_path, remediation=LADDER_OFF, store_url="", checks=NVLINK)
-        with open_store(f"sqlite:///{state / 'medic.db'}") as store:
-            yield StoreOutage(request.param, store, conf, None, state / "filler")
+        url = f"sqlite:///{disk / 'medic.db'}"
+        conf = node_config(lab, tmp_path, remediation=LADDER_OFF, store_url=url, checks=NVLINK,
+                           state_dir=private_state)  # fmt: skip
+        with open_store(url) as store:
+            yield StoreOutage(request.param, store, conf, None, disk / "filler")
     finally:
         lab.stop_healthd("n1")
-        unmount(state)
+        unmount(disk)
 
 
 def start_with_a_job(lab: Lab, tmp_path: Path, outage: StoreOutage) -> tuple[int, str]:

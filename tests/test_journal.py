@@ -142,6 +142,9 @@ DISK_FULL = """
 import os, resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # SQLite's WAL cannot grow
+# Nor can a .pyc: Python would leave the project's bytecode cut at 4096 bytes for every
+# later process ("marshal data too short").
+os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 os.execv(sys.argv[1], sys.argv[1:])
 """
 
@@ -217,3 +220,4 @@ def test_a_store_that_takes_the_event_leaves_no_journal_entry(tmp_path: Path) ->
     with open_store(f"sqlite:///{db}") as store:
         assert [e.target for e in store.events("plain1", kind="gate")] == ["job:43"]
     assert os.listdir(tmp_path / "state" / journal.JOURNAL) == []
+
