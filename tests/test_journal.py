@@ -220,4 +220,3 @@ def test_a_store_that_takes_the_event_leaves_no_journal_entry(tmp_path: Path) ->
     with open_store(f"sqlite:///{db}") as store:
         assert [e.target for e in store.events("plain1", kind="gate")] == ["job:43"]
     assert os.listdir(tmp_path / "state" / journal.JOURNAL) == []
-
