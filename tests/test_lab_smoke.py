@@ -15,6 +15,7 @@ from cli.lab.cluster import Lab, LabError, pid_alive
 from cli.lab.slurm_conf import LabSpec
 from medic_core import proc
 from tests.conftest import poll
+from tests.test_production_lab import wheel_venv
 
 
 def _job_state(lab: Lab, job_id: str) -> str:
@@ -141,7 +142,8 @@ def test_the_readme_demo_tells_the_whole_story(production: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="demo-", dir="/tmp") as short:
         done = proc.run(
             [sys.executable, "-m", "cli.lab.demo", "--dir", str(Path(short) / "demo")]
-            + (["--production"] if production else []),
+            # the wheel's venv the production-mode tests share (built once per tree state)
+            + (["--production", "--venv", str(wheel_venv().parent)] if production else []),
             timeout=600,
         )
     assert done.returncode == 0, done.describe_failure() + done.stdout[-3000:]

@@ -52,7 +52,15 @@ def lab() -> None:
     help="Run what an operator installs: the built wheel in a venv of its own, each"
     " medic-healthd in the shipped unit's sandbox, a store per node (docs/lab.md).",
 )
-def up(root: Path, nodes: int, gpus: int, healthd: bool, production: bool) -> None:
+@click.option(
+    "--venv",
+    "wheel_venv",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="With --production: a venv the wheel is installed in already (skips the build).",
+)
+def up(
+    root: Path, nodes: int, gpus: int, healthd: bool, production: bool, wheel_venv: Path | None
+) -> None:
     """Start munged, slurmctld and one slurmd per node; wait until all are IDLE."""
     lab_ = Lab(root)
     try:
@@ -63,7 +71,8 @@ def up(root: Path, nodes: int, gpus: int, healthd: bool, production: bool) -> No
             if can_sandbox():
                 raise LabError(f"--production {can_sandbox()}")
             try:
-                lab_ = Lab(root, venv_bin=install_wheel(lab_.root))
+                venv_bin = wheel_venv / "bin" if wheel_venv else install_wheel(lab_.root)
+                lab_ = Lab(root, venv_bin=venv_bin)
             except ProductionError as exc:
                 raise LabError(str(exc)) from exc
             unit = UNIT

@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the lab's production mode: the wheel, the unit's sandbox, a store per node",
     )
+    parser.add_argument(
+        "--venv", type=Path, help="with --production: a venv holding the wheel already"
+    )
     args = parser.parse_args(argv)
     root = args.dir or Path(tempfile.mkdtemp(prefix="medic-demo-"))
     medic = str(Path(sys.executable).parent / "medic")
@@ -79,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         up = [medic, "lab", "up", "--dir", str(root)]
         show(
             lab,
-            [*up, "--production"] if args.production else up,
+            [*up, "--production", *(["--venv", str(args.venv)] if args.venv else [])]
+            if args.production
+            else up,
             "a real slurmctld, 5 slurmd with 8 simulated GPUs each, medic-healthd on every node"
             + (" (the built wheel, each daemon in the unit's sandbox)" if args.production else ""),
         )
