@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from cli.common import (
     json_option,
     load,
     now_utc,
+    opened_store,
     rung_name,
     slurm_client,
     store_option,
@@ -45,51 +45,14 @@ from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.settings import HookSettings, deprecations
 from medic_core.slurm import JobInfo, SlurmError
 from medic_core.store import (
-    BadStoreURL,
     Event,
     Severity,
     Store,
-    StoreError,
-    open_store,
     store_settings,
 )
-from medic_core.store.engine import parse_url
 from medic_core.store.models import EventRow
 from remediation import episodes as ep
 from slurm_hooks.resilient import parse_resilient
-
-
-@contextmanager
-def opened_store(config: MedicConfig, url: str | None) -> Iterator[Store]:
-    """The store the config (or `url`) names. A SQLite file that does not exist is refused
-    rather than created: an empty new database would only show an empty fleet."""
-    if url is None:
-        try:
-            url = store_settings(config).url
-        except ConfigError as exc:
-            raise AdminError(
-                "the configuration has a bad [store] table", str(exc), "fix it or pass --store URL",
-                EXIT_USAGE,
-            ) from exc  # fmt: skip
-    try:
-        parsed = parse_url(url)
-    except BadStoreURL as exc:
-        raise AdminError(f"bad store URL {url!r}", exc.problem, exc.fix, EXIT_USAGE) from exc
-    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").exists():
-        raise AdminError(
-            f"no store at {parsed.database}",
-            "no medic-healthd has written there (wrong config, or not this host's store)",
-            "pass --config with the fleet's medic.toml, or --store URL",
-        )
-    try:
-        store = open_store(parsed)
-    except StoreError as exc:
-        raise AdminError(
-            "cannot open the store", str(exc), "check [store] url and the database server"
-        ) from exc
-    with store:
-        yield store
-
 
 _DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -535,6 +498,7 @@ __all__ = [
     "json_option",
     "load",
     "now_utc",
+    "opened_store",
     "remediation",
     "rung_name",
     "slurm_client",

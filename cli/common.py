@@ -182,14 +182,14 @@ def now_utc() -> dt.datetime:
 def read_store(config: MedicConfig, url: str | None) -> Iterator[Reader]:
     """The store for a read-only listing (`medic nodes`, `medic rma list`), read through the
     database driver alone when it is plain (medic_core.store_reader: a store at this Medic's
-    schema version); otherwise opened as every command opens it (cli.admin.opened_store:
+    schema version); otherwise opened as every command opens it (opened_store below:
     the same refusals, the same one-line errors, a migration when the schema is older, a
     newer schema refused or run with its warning) and read through that connection."""
     if url is None:
         url = configured_url(config.table("store"), config.paths.state_dir)
     try:
         reader = open_reader(url) if url is not None else None
-    except Unreachable as exc:  # said as the store proper says it (cli.admin.opened_store)
+    except Unreachable as exc:  # said as the store proper says it (opened_store)
         from medic_core.store.engine import describe, parse_url
 
         raise AdminError(
@@ -199,8 +199,6 @@ def read_store(config: MedicConfig, url: str | None) -> Iterator[Reader]:
             "check [store] url and the database server",
         ) from exc
     if reader is None:
-        from cli.admin import opened_store  # the store proper: SQLAlchemy, migrations
-
         with opened_store(config, url) as store, reader_of(store) as through:
             yield through
         return
@@ -210,10 +208,37 @@ def read_store(config: MedicConfig, url: str | None) -> Iterator[Reader]:
 
 @contextmanager
 def opened_store(config: MedicConfig, url: str | None) -> Iterator[Store]:
-    """cli.admin.opened_store, imported (with SQLAlchemy) when a command opens the store."""
-    from cli.admin import opened_store as opened
+    """The store the config (or `url`) names. A SQLite file that does not exist is refused
+    rather than created: an empty new database would only show an empty fleet. Imports the
+    store (SQLAlchemy) only when called."""
+    from medic_core.store import BadStoreURL, StoreError, open_store, store_settings
+    from medic_core.store.engine import parse_url
 
-    with opened(config, url) as store:
+    if url is None:
+        try:
+            url = store_settings(config).url
+        except ConfigError as exc:
+            raise AdminError(
+                "the configuration has a bad [store] table", str(exc), "fix it or pass --store URL",
+                EXIT_USAGE,
+            ) from exc  # fmt: skip
+    try:
+        parsed = parse_url(url)
+    except BadStoreURL as exc:
+        raise AdminError(f"bad store URL {url!r}", exc.problem, exc.fix, EXIT_USAGE) from exc
+    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").exists():
+        raise AdminError(
+            f"no store at {parsed.database}",
+            "no medic-healthd has written there (wrong config, or not this host's store)",
+            "pass --config with the fleet's medic.toml, or --store URL",
+        )
+    try:
+        store = open_store(parsed)
+    except StoreError as exc:
+        raise AdminError(
+            "cannot open the store", str(exc), "check [store] url and the database server"
+        ) from exc
+    with store:
         yield store
 
 
