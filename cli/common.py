@@ -24,6 +24,8 @@ from medic_core.store_reader import Reader, Unreachable, configured_url, open_re
 from remediation.policy import Rung
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
+
     from medic_core.slurm import CliSlurm
     from medic_core.store import Store
 
@@ -206,15 +208,15 @@ def read_store(config: MedicConfig, url: str | None) -> Iterator[Reader]:
         yield reader
 
 
-@contextmanager
-def opened_store(config: MedicConfig, url: str | None) -> Iterator[Store]:
-    """The store the config (or `url`) names. A SQLite file that does not exist is refused
-    rather than created: an empty new database would only show an empty fleet. Imports the
-    store (SQLAlchemy) only when called."""
-    from medic_core.store import BadStoreURL, StoreError, open_store, store_settings
+def named_store(config: MedicConfig | None, url: str | None) -> URL:
+    """The store `url` (else the config's [store]) names, parsed. A SQLite file that does not
+    exist is refused rather than created: an empty new database would only show an empty
+    fleet. `config` is read only when `url` is None."""
+    from medic_core.store import BadStoreURL, store_settings
     from medic_core.store.engine import parse_url
 
     if url is None:
+        assert config is not None
         try:
             url = store_settings(config).url
         except ConfigError as exc:
@@ -229,11 +231,20 @@ def opened_store(config: MedicConfig, url: str | None) -> Iterator[Store]:
     if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").exists():
         raise AdminError(
             f"no store at {parsed.database}",
-            "no medic-healthd has written there (wrong config, or not this host's store)",
+            "no Medic has written there (wrong config, or not this host's store)",
             "pass --config with the fleet's medic.toml, or --store URL",
         )
+    return parsed
+
+
+@contextmanager
+def opened_store(config: MedicConfig, url: str | None) -> Iterator[Store]:
+    """The store the config (or `url`) names (`named_store`), opened; imports the store
+    (SQLAlchemy) only when called."""
+    from medic_core.store import StoreError, open_store
+
     try:
-        store = open_store(parsed)
+        store = open_store(named_store(config, url))
     except StoreError as exc:
         raise AdminError(
             "cannot open the store", str(exc), "check [store] url and the database server"

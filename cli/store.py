@@ -20,7 +20,6 @@ from sqlalchemy.exc import DBAPIError
 from cli.admin import (
     EXIT_OK,
     EXIT_PROBLEM,
-    EXIT_USAGE,
     AdminError,
     config_option,
     echo_json,
@@ -28,33 +27,14 @@ from cli.admin import (
     load,
     store_option,
 )
-from medic_core.config import ConfigError
-from medic_core.store import BadStoreURL, StoreError, store_settings
-from medic_core.store.engine import describe, make_engine, parse_url
+from cli.common import named_store
+from medic_core.store import StoreError
+from medic_core.store.engine import describe, make_engine
 from medic_core.store.migrations import SchemaState, migrate, schema_state
 
 
 def _url(config_path: Path | None, url: str | None) -> URL:
-    if url is None:
-        config = load(config_path)
-        try:
-            url = store_settings(config).url
-        except ConfigError as exc:
-            raise AdminError(
-                "the configuration has a bad [store] table", str(exc), "fix it or pass --store URL",
-                EXIT_USAGE,
-            ) from exc  # fmt: skip
-    try:
-        parsed = parse_url(url)
-    except BadStoreURL as exc:
-        raise AdminError(f"bad store URL {url!r}", exc.problem, exc.fix, EXIT_USAGE) from exc
-    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").exists():
-        raise AdminError(
-            f"no store at {parsed.database}",
-            "no Medic has created it (wrong config, or not this host's store)",
-            "pass --config with the fleet's medic.toml, or --store URL",
-        )
-    return parsed
+    return named_store(load(config_path) if url is None else None, url)
 
 
 @contextmanager
