@@ -25,10 +25,9 @@ from cli.lab.cluster import Lab
 from cli.lab.production import REPO, UNIT, can_sandbox, install_wheel, unit_service
 from medic_core import proc
 from medic_core.store import Store, open_store
-from remediation import episodes as ep
 from remediation.ladder import Rung
 from tests.conftest import poll
-from tests.test_remediation import MATRIX, fast_config, node_info, wait_closed
+from tests.test_remediation import MATRIX, fault_matrix_case
 
 pytestmark = pytest.mark.skipif(bool(can_sandbox()), reason=can_sandbox() or "ok")
 
@@ -118,20 +117,8 @@ def test_daemons_run_from_the_wheel_in_the_units_sandbox_with_a_store_of_their_o
 def test_fault_matrix_in_production_mode(
     lab: Lab, n2_store: Store, tmp_path: Path, gpu: int, specs: list[str], rung: Rung, end: str
 ) -> None:
-    lab.start_healthd("n2", config=fast_config(lab, tmp_path))
-    poll("first round", lambda: bool(n2_store.conditions("n2", type="gpu_count")), timeout=20)
-    lab.inject("n2", gpu, specs)
-    episode = wait_closed(n2_store, "n2", timeout=120)
-    assert (episode.first_rung, episode.state) == (int(rung), end), episode.message
-    steps = ep.EpisodeStore(n2_store).steps(episode.id)
-    if end == ep.RESOLVED:
-        assert "DRAIN" not in node_info(lab, "n2")["state_flags"]
-        assert steps and steps[-1].state == "done"
-    else:
-        node = node_info(lab, "n2")
-        assert "DRAIN" in node["state_flags"] or node["state"].upper() == "DOWN", node
-        assert node["reason"].startswith("medic:")
-        if "hardware_fault=1" in specs:  # every rung ran, each inside the sandbox
-            assert [s.action for s in steps][:2] == ["gpu_reset", "gpu_reset"], steps
-            assert "driver_reload" in [s.action for s in steps], steps
+    steps = fault_matrix_case(lab, n2_store, tmp_path, gpu, specs, rung, end, timeout=120)
+    if "hardware_fault=1" in specs:  # every rung ran, each inside the sandbox
+        assert [s.action for s in steps][:2] == ["gpu_reset", "gpu_reset"], steps
+        assert "driver_reload" in [s.action for s in steps], steps
     assert "Read-only file system" not in lab.node("n2").healthd_log.read_text()

@@ -139,10 +139,25 @@ MATRIX = [
 def test_fault_matrix(
     lab: Lab, store: Store, tmp_path: Path, gpu: int, specs: list[str], rung: Rung, end: str
 ) -> None:
+    fault_matrix_case(lab, store, tmp_path, gpu, specs, rung, end)
+
+
+def fault_matrix_case(
+    lab: Lab,
+    store: Store,
+    tmp_path: Path,
+    gpu: int,
+    specs: list[str],
+    rung: Rung,
+    end: str,
+    timeout: float = 90,
+) -> list[ep.Step]:
+    """One row of MATRIX on n2, whose episodes are in `store`: the episode's first rung and
+    end state, and n2 back in service or kept out with Medic's reason. Its steps."""
     lab.start_healthd("n2", config=fast_config(lab, tmp_path))
     poll("first round", lambda: bool(store.conditions("n2", type="gpu_count")), timeout=20)
     lab.inject("n2", gpu, specs)
-    episode = wait_closed(store, "n2", timeout=90)
+    episode = wait_closed(store, "n2", timeout=timeout)
     assert (episode.first_rung, episode.state) == (int(rung), end), episode.message
     steps = ep.EpisodeStore(store).steps(episode.id)
     if end == ep.RESOLVED:
@@ -153,6 +168,7 @@ def test_fault_matrix(
         # Out of service either way: drained, or DOWN (22.05 spells the base state in lower case).
         assert "DRAIN" in node["state_flags"] or node["state"].upper() == "DOWN", node
         assert node["reason"].startswith("medic:")
+    return steps
 
 
 def test_ib_port_down_is_rechecked_and_returns_when_the_link_does(
