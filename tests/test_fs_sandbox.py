@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from cli.lab.production import setpriv_argv
 from medic_core import proc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,10 +60,6 @@ def protected_by_the_unit(point: Path) -> bool:
         return False
     writable = [Path(p.lstrip("-")) for p in unit.get("ReadWritePaths", [])]
     return not any(point == w or w in point.parents for w in writable)
-
-
-def unit_capabilities() -> list[str]:
-    return unit_settings(UNIT)["CapabilityBoundingSet"]
 
 
 def can_sandbox() -> str:
@@ -113,9 +110,7 @@ def run_in_the_units_sandbox(root: Path, point: Path) -> list[list[Any]]:
     )
     # ...and with only the unit's capabilities (CapabilityBoundingSet=): looking through
     # /proc/1/root takes CAP_SYS_PTRACE, writing a probe into others' directories more.
-    caps = ",".join(["-all", *("+" + c.removeprefix("CAP_").lower() for c in unit_capabilities())])
-    sandbox = ["setpriv", f"--bounding-set={caps}", "--no-new-privs", "--"]
-    probe = shlex.join([*sandbox, sys.executable, "-c", PROBE, str(root), str(point)])
+    probe = shlex.join([*setpriv_argv(UNIT), sys.executable, "-c", PROBE, str(root), str(point)])
     done = proc.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", remount + probe],
         env={**os.environ, "PYTHONPATH": str(REPO)},

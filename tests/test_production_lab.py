@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cli.lab.cluster import Lab
-from cli.lab.production import REPO, UNIT, can_sandbox, install_wheel, unit_service
+from cli.lab.production import REPO, UNIT, can_sandbox, install_wheel, unit_capabilities
 from medic_core import proc
 from medic_core.store import Store, open_store
 from remediation.ladder import Rung
@@ -94,8 +94,7 @@ def test_daemons_run_from_the_wheel_in_the_units_sandbox_with_a_store_of_their_o
     assert where.stdout.startswith(str(venv)), where.stdout  # not the source tree
     status = Path(f"/proc/{pid}/status").read_text()
     bounding = int(re.search(r"CapBnd:\s*([0-9a-f]+)", status).group(1), 16)  # type: ignore[union-attr]
-    caps = " ".join(unit_service()["CapabilityBoundingSet"]).split()
-    assert bin(bounding).count("1") == len(caps)
+    assert bin(bounding).count("1") == len(unit_capabilities())
     assert re.search(r"NoNewPrivs:\s*1", status)
     root_mount = next(
         line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from cli.lab.production import setpriv_argv, unit_capabilities
 from healthd import logs, sdnotify
 from healthd.api import ask
 from healthd.checks.base import CheckContext, Status, fault, ok
@@ -303,11 +304,6 @@ def test_systemd_analyze_security_rates_the_unit_at_most_4() -> None:
     assert float(found.group(1)) <= 4.0, done.stdout[-3000:]
 
 
-def unit_capabilities() -> list[str]:
-    [caps] = unit_lines(UNIT)["Service"]["CapabilityBoundingSet"]
-    return caps.split()
-
-
 @pytest.mark.skipif(
     shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root and setpriv"
 )
@@ -320,16 +316,14 @@ def test_the_daemon_works_with_only_the_units_capabilities_umask_and_no_new_priv
     service = unit_lines(UNIT)["Service"]
     assert service["NoNewPrivileges"] == ["yes"] and service["UMask"] == ["0077"]
     group = grp.getgrgid(65534).gr_name  # nogroup: any group root is not in
-    caps = ",".join(["-all", *("+" + c.removeprefix("CAP_").lower() for c in unit_capabilities())])
-    prefix = ["setpriv", f"--bounding-set={caps}", "--no-new-privs", "--"]
-    prefix = ["sh", "-c", 'umask 0077 && exec "$@"', "sandbox", *prefix]
+    prefix = ["sh", "-c", 'umask 0077 && exec "$@"', "sandbox", *setpriv_argv(UNIT)]
     config = plain_config(tmp_path, '[checks.filesystems]\nrequired_mounts = ["/"]\n')
     config.write_text(config.read_text().replace('socket_group = ""', f'socket_group = "{group}"'))
     pid = start_daemon(tmp_path, config, prefix=prefix)
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         bounding = int(re.search(r"CapBnd:\s*([0-9a-f]+)", status).group(1), 16)  # type: ignore[union-attr]
-        assert bin(bounding).count("1") == len(unit_capabilities())  # the sandbox holds
+        assert bin(bounding).count("1") == len(unit_capabilities(UNIT))  # the sandbox holds
         sock = tmp_path / "healthd.sock"
         assert (sock.stat().st_mode & 0o777, grp.getgrgid(sock.stat().st_gid).gr_name) == (
             0o660,

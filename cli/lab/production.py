@@ -60,20 +60,32 @@ def unit_service(unit: Path = UNIT) -> dict[str, list[str]]:
     return values
 
 
+def unit_capabilities(unit: Path = UNIT) -> list[str]:
+    """CapabilityBoundingSet= of `unit`, e.g. ["CAP_CHOWN", ...]."""
+    return " ".join(unit_service(unit).get("CapabilityBoundingSet", [])).split()
+
+
+def setpriv_argv(unit: Path = UNIT) -> list[str]:
+    """setpriv with `unit`'s capability bounding set and, if it says so, no new privileges;
+    the command follows."""
+    service = unit_service(unit)
+    caps = unit_capabilities(unit)
+    bounding = ",".join(["-all", *("+" + c.removeprefix("CAP_").lower() for c in caps)])
+    setpriv = ["setpriv", f"--bounding-set={bounding}"]
+    if service.get("NoNewPrivileges") == ["yes"]:
+        setpriv.append("--no-new-privs")
+    return [*setpriv, "--"]
+
+
 def sandbox_argv(writable: Sequence[Path], unit: Path = UNIT) -> tuple[list[str], dict[str, str]]:
     """argv prefix and environment that run a command in `unit`'s sandbox, with `writable`
     standing in for its ReadWritePaths=. Refuses a unit whose sandbox it cannot reproduce."""
     service = unit_service(unit)
     if service.get("ProtectSystem") != ["strict"]:
         raise ProductionError(f"{unit}: ProtectSystem= is not strict: the lab copies only that")
-    caps = " ".join(service.get("CapabilityBoundingSet", [])).split()
-    bounding = ",".join(["-all", *("+" + c.removeprefix("CAP_").lower() for c in caps)])
-    setpriv = ["setpriv", f"--bounding-set={bounding}"]
-    if service.get("NoNewPrivileges") == ["yes"]:
-        setpriv.append("--no-new-privs")
     umask = (service.get("UMask") or ["0022"])[-1]
     argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", SANDBOX_SCRIPT]
-    argv += ["medic-sandbox", *(str(p) for p in writable), "--", *setpriv, "--"]
+    argv += ["medic-sandbox", *(str(p) for p in writable), "--", *setpriv_argv(unit)]
     return argv, {"MEDIC_LAB_UMASK": umask}
 
 
