@@ -15,6 +15,7 @@ from cli.lab.cluster import Lab, LabError, pid_alive
 from cli.lab.slurm_conf import LabSpec
 from medic_core import proc
 from tests.conftest import poll
+from tests.lab_views import idle_and_clear
 from tests.test_production_lab import wheel_venv
 
 
@@ -54,7 +55,7 @@ def test_drain_and_resume_are_seen_in_sinfo_json(lab: Lab) -> None:
     assert node["reason"] == "medic: smoke test"
     lab.slurm(["scontrol", "update", "nodename=n2", "state=resume"])
     # On resume slurmctld pings the node, flagging it NOT_RESPONDING until slurmd answers.
-    poll("n2 to be idle again", lambda: _node(lab, "n2")["state_flags"] == [])
+    poll("n2 to be idle again", lambda: idle_and_clear(_node(lab, "n2")))
     node = _node(lab, "n2")
     assert node["state"] == "idle"
     assert node["reason"] == ""
@@ -103,11 +104,7 @@ def test_node_reboot_through_reboot_program_returns_to_service(lab: Lab) -> None
 
     def rebooted() -> bool:
         node = _node(lab, "n4")
-        return (
-            node["boot_time"] != before["boot_time"]
-            and node["state"] == "idle"
-            and not node["state_flags"]
-        )
+        return node["boot_time"] != before["boot_time"] and idle_and_clear(node)
 
     poll("n4 to reboot and return to service", rebooted, timeout=60)
     new_pid = lab.nodes()[3].slurmd_pid

@@ -34,6 +34,7 @@ from remediation.sweep import (
     share_cap,
 )
 from tests.conftest import poll
+from tests.lab_views import idle_and_clear
 from tests.pg import PostgresServer, pg_server  # noqa: F401  (pytest fixture)
 
 NOW = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
@@ -210,7 +211,7 @@ def test_a_sweep_returns_healthy_nodes_and_hands_a_latent_fault_to_the_ladder(la
 
     nodes = {n["name"]: n for n in lab.sinfo_nodes()}
     for name in ("n1", "n2", "n4"):
-        assert nodes[name]["state"] == "idle" and not nodes[name]["state_flags"], nodes[name]
+        assert idle_and_clear(nodes[name]), nodes[name]
     assert "DRAIN" in nodes["n3"]["state_flags"]
     assert str(nodes["n3"]["reason"]).startswith("medic: gpu.dcgm.diag gpu2 ")
     assert "DRAIN" in nodes["n5"]["state_flags"] and nodes["n5"]["reason"] == admin
@@ -282,7 +283,7 @@ def test_an_interrupted_sweep_resumes_and_gives_back_exactly_its_nodes(
     assert _reservations(lab) == "No reservations in the system"
     nodes = {n["name"]: n for n in lab.sinfo_nodes()}
     for name in ("n1", "n3", "n4", "n5"):
-        assert nodes[name]["state"] == "idle" and not nodes[name]["state_flags"], nodes[name]
+        assert idle_and_clear(nodes[name]), nodes[name]
     assert nodes["n2"]["reason"] == admin and "DRAIN" in nodes["n2"]["state_flags"]
     jobs = [j for j in lab.active_jobs() if str(j.get("name", "")).startswith("medic-sweep-")]
     assert jobs == []  # the orphaned probe was cancelled, not left running
