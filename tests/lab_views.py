@@ -23,3 +23,13 @@ def job(lab: Lab, job_id: str) -> dict[str, Any]:
     every = json.loads(lab.slurm(["squeue", "--json"]).stdout)["jobs"]
     found: dict[str, Any] = next(j for j in every if str(j["job_id"]) == job_id)
     return found
+
+
+# PLANNED: the backfill scheduler has planned a job there. Slurm's own, transient, and no
+# reason to call the node out of service.
+SCHEDULER_FLAGS = frozenset({"PLANNED"})
+
+
+def idle_and_clear(info: dict[str, Any]) -> bool:
+    """Idle with no flag but the scheduler's own: no drain, no reservation, no reboot pending."""
+    return info["state"] == "idle" and set(info.get("state_flags", [])) <= SCHEDULER_FLAGS
