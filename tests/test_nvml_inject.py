@@ -498,3 +498,74 @@ def test_fail_and_hang_rules_replace_and_clear() -> None:
     s = sc.inject(s, None, "hang.nvmlInit=forever")
     assert s.hangs == (sc.Hang("nvmlInit", -1.0, None),)
     assert replace(s, hangs=()) == sc.inject(s, None, "hang.nvmlInit=0")
+
+
+# ---- the trend counters (Medic's trends check reads them) ------------------------------------
+
+_TREND_PROBE = """
+import json, pynvml as n
+n.nvmlInit()
+out = []
+for i in range(n.nvmlDeviceGetCount()):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    thermal = n.nvmlDeviceGetViolationStatus(h, n.NVML_PERF_POLICY_THERMAL)
+    out.append({
+        "replay": n.nvmlDeviceGetPcieReplayCounter(h),
+        "link0": [n.nvmlDeviceGetNvLinkErrorCounter(h, 0, c) for c in range(4)],
+        "link1": [n.nvmlDeviceGetNvLinkErrorCounter(h, 1, c) for c in range(4)],
+        "thermal_ns": thermal.violationTime, "reference_us": thermal.referenceTime,
+        "power_ns": n.nvmlDeviceGetViolationStatus(h, n.NVML_PERF_POLICY_POWER).violationTime,
+        "sbe": n.nvmlDeviceGetTotalEccErrors(
+            h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
+    })
+try:
+    n.nvmlDeviceGetNvLinkErrorCounter(n.nvmlDeviceGetHandleByIndex(0), 18, 0)
+except n.NVMLError as exc:
+    out.append({"past_last_link": exc.value})
+print(json.dumps(out))
+"""
+
+
+def _trend_counters(lib_dir: Path, node_file: Path) -> list[dict[str, Any]]:
+    env = probe_env(lib_dir, node_file.parent)
+    result = proc.run([sys.executable, "-c", _TREND_PROBE], timeout=30, env=env)
+    assert result.ok, result.describe_failure() + "\n" + result.stderr
+    data: list[dict[str, Any]] = json.loads(result.stdout)
+    return data
+
+
+def test_trend_counters_reach_pynvml_and_a_reset_clears_them(
+    lib_dir: Path, node_file: Path
+) -> None:
+    update(node_file, 2, "ecc.sbe=9", "pcie.replay=5", "nvlink.crc_flit=7", "nvlink.replay=2")
+    update(node_file, 2, "violation.thermal=1500", "violation.power=3", "pcie.replay=1")
+    before = time.time() * 1e6
+    data = _trend_counters(lib_dir, node_file)
+    g0, g2 = data[0], data[2]
+    assert g2["sbe"] == 9 and g2["replay"] == 6  # counters add up
+    # DL_REPLAY=0, RECOVERY=1, CRC_FLIT=2, CRC_DATA=3; link 0 carries the GPU's count
+    assert g2["link0"] == [2, 0, 7, 0] and g2["link1"] == [0, 0, 0, 0]
+    assert g2["thermal_ns"] == 1_500_000_000 and g2["power_ns"] == 3_000_000
+    assert g2["reference_us"] >= before - 5e6  # a CPU timestamp in microseconds
+    assert g0 == {**g0, "replay": 0, "link0": [0] * 4, "thermal_ns": 0, "sbe": 0}
+    assert data[-1] == {"past_last_link": pynvml.NVML_ERROR_INVALID_ARGUMENT}
+    # A GPU reset clears them, as the driver does: a trend must not read the drop as a spike.
+    sc.write_scenario(node_file, sc.gpu_reset(sc.read_scenario(node_file), 2))
+    after = _trend_counters(lib_dir, node_file)[2]
+    cleared = (after["replay"], after["link0"], after["thermal_ns"], after["sbe"])
+    assert cleared == (0, [0] * 4, 0, 0)
+
+
+def test_trend_counter_specs_round_trip_and_refuse_bad_values(tmp_path: Path) -> None:
+    s = sc.default_scenario("n1")
+    for spec in ("pcie.replay=3", "nvlink.recovery=4", "nvlink.crc_data=5", "violation.power=2"):
+        s = sc.inject(s, 1, spec)
+    path = tmp_path / "n1.scenario"
+    sc.write_scenario(path, s)
+    back = sc.read_scenario(path)
+    assert back == s and back.gpus[1].violation_power_ns == 2_000_000
+    assert sc.inject(s, 1, "nvlink.3=down").gpus[1].nvlinks_down == frozenset({3})
+    with pytest.raises(ValueError, match="negative"):
+        sc.inject(s, 1, "pcie.replay=-1")
+    with pytest.raises(ValueError, match="applies to one GPU"):
+        sc.inject(s, None, "nvlink.crc_flit=1")

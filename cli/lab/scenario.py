@@ -140,6 +140,14 @@ class GpuState:
     # latent defect only a diagnostic finds: NVML shows nothing and no repair clears it.
     dcgm_diag: str = "pass"
     processes: tuple[GpuProcess, ...] = ()
+    # Counters that rise before a failure (Medic's trends check); cleared by a GPU reset.
+    pcie_replay: int = 0
+    nvlink_replay: int = 0
+    nvlink_recovery: int = 0
+    nvlink_crc_flit: int = 0
+    nvlink_crc_data: int = 0
+    violation_power_ns: int = 0
+    violation_thermal_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -289,6 +297,13 @@ _GPU_KEYS: dict[str, tuple[str, _Codec]] = {
     "hardware_fault": ("hardware_fault", _BOOL),
     "dcgm_diag": ("dcgm_diag", _STR),
     "processes": ("processes", _PROCS),
+    "pcie.replay": ("pcie_replay", _INT),
+    "nvlink.replay": ("nvlink_replay", _INT),
+    "nvlink.recovery": ("nvlink_recovery", _INT),
+    "nvlink.crc_flit": ("nvlink_crc_flit", _INT),
+    "nvlink.crc_data": ("nvlink_crc_data", _INT),
+    "violation.power_ns": ("violation_power_ns", _INT),
+    "violation.thermal_ns": ("violation_thermal_ns", _INT),
 }
 
 
@@ -429,6 +444,13 @@ VALID_KEYS = (
     "hardware_fault",
     "dcgm_diag",
     "process",
+    "pcie.replay",
+    "nvlink.replay",
+    "nvlink.recovery",
+    "nvlink.crc_flit",
+    "nvlink.crc_data",
+    "violation.power",
+    "violation.thermal",
     "fail.<nvmlFunction>",
     "hang.<nvmlFunction>",
     "driver",
@@ -519,6 +541,18 @@ _GPU_SPECS: dict[str, Callable[[GpuState, str], GpuState]] = {
     "hardware_fault": lambda g, v: replace(g, hardware_fault=_flag(v)),
     "dcgm_diag": lambda g, v: replace(g, dcgm_diag=_diag_verdict(v)),
     "process": _process,
+    "pcie.replay": lambda g, v: replace(g, pcie_replay=g.pcie_replay + _count(v)),
+    "nvlink.replay": lambda g, v: replace(g, nvlink_replay=g.nvlink_replay + _count(v)),
+    "nvlink.recovery": lambda g, v: replace(g, nvlink_recovery=g.nvlink_recovery + _count(v)),
+    "nvlink.crc_flit": lambda g, v: replace(g, nvlink_crc_flit=g.nvlink_crc_flit + _count(v)),
+    "nvlink.crc_data": lambda g, v: replace(g, nvlink_crc_data=g.nvlink_crc_data + _count(v)),
+    # milliseconds the clocks were held down, added to NVML's nanosecond counters
+    "violation.power": lambda g, v: replace(
+        g, violation_power_ns=g.violation_power_ns + _count(v) * 1_000_000
+    ),
+    "violation.thermal": lambda g, v: replace(
+        g, violation_thermal_ns=g.violation_thermal_ns + _count(v) * 1_000_000
+    ),
 }
 
 
@@ -624,7 +658,7 @@ def _apply(scenario: NodeScenario, gpu: int | None, key: str, value: str) -> Nod
     state = scenario.gpus[gpu]
     if key == "xid":
         return add_xid(scenario, gpu, _count(value))
-    if kind == "nvlink":
+    if kind == "nvlink" and key not in _GPU_SPECS:
         return _replace_gpu(scenario, gpu, _nvlink(state, int(rest), value))
     return _replace_gpu(scenario, gpu, _GPU_SPECS[key](state, value))
 
@@ -662,6 +696,13 @@ def _reset_state(g: GpuState) -> GpuState:
         processes=(),
         util_gpu=0,
         util_mem=0,
+        pcie_replay=0,
+        nvlink_replay=0,
+        nvlink_recovery=0,
+        nvlink_crc_flit=0,
+        nvlink_crc_data=0,
+        violation_power_ns=0,
+        violation_thermal_ns=0,
     )
 
 

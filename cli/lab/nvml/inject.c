@@ -53,6 +53,9 @@ typedef struct {
     unsigned int nvlinks, nvlink_down; /* nvlink_down: bitmask over link numbers */
     unsigned int pcie_gen, pcie_width, pcie_max_gen, pcie_max_width;
     unsigned int persistence, lost, missing;
+    unsigned int pcie_replay;                          /* PCIe replay counter */
+    unsigned long long nvlink_err[NVML_NVLINK_ERROR_COUNT]; /* per GPU, reported on link 0 */
+    unsigned long long violation_ns[2];                /* [power=0|thermal=1] since load */
     unsigned int nprocs;
     unsigned int proc_pid[MAX_PROCS];
     unsigned long long proc_mib[MAX_PROCS];
@@ -255,6 +258,13 @@ static int parse_gpu_field(scenario *sc, unsigned int slot, const char *field, c
     U32_FIELD("pcie.max_gen", pcie_max_gen);
     U32_FIELD("pcie.max_width", pcie_max_width);
     U32_FIELD("persistence", persistence);
+    U32_FIELD("pcie.replay", pcie_replay);
+    U64_FIELD("nvlink.replay", nvlink_err[NVML_NVLINK_ERROR_DL_REPLAY]);
+    U64_FIELD("nvlink.recovery", nvlink_err[NVML_NVLINK_ERROR_DL_RECOVERY]);
+    U64_FIELD("nvlink.crc_flit", nvlink_err[NVML_NVLINK_ERROR_DL_CRC_FLIT]);
+    U64_FIELD("nvlink.crc_data", nvlink_err[NVML_NVLINK_ERROR_DL_CRC_DATA]);
+    U64_FIELD("violation.power_ns", violation_ns[0]);
+    U64_FIELD("violation.thermal_ns", violation_ns[1]);
     U32_FIELD("lost", lost);
     U32_FIELD("missing", missing);
     return -1;
@@ -1123,6 +1133,52 @@ PCIE_GETTER(nvmlDeviceGetCurrPcieLinkGeneration, pcie_gen)
 PCIE_GETTER(nvmlDeviceGetCurrPcieLinkWidth, pcie_width)
 PCIE_GETTER(nvmlDeviceGetMaxPcieLinkGeneration, pcie_max_gen)
 PCIE_GETTER(nvmlDeviceGetMaxPcieLinkWidth, pcie_max_width)
+
+/* ---- trend counters: PCIe replays, NVLink errors, clock violation time ---------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned int *value)
+{
+    DEVICE_CALL(device);
+    REQUIRE(value);
+    *value = g.pcie_replay;
+    return NVML_SUCCESS;
+}
+
+/* The scenario keeps one count per GPU and counter; link 0 carries it, the others read 0. */
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link,
+                                                    nvmlNvLinkErrorCounter_t counter,
+                                                    unsigned long long *counterValue)
+{
+    DEVICE_CALL(device);
+    REQUIRE(counterValue);
+    if (!g.nvlinks)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= g.nvlinks || link >= MAX_LINKS || (unsigned int)counter >= NVML_NVLINK_ERROR_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *counterValue = link == 0 ? g.nvlink_err[counter] : 0;
+    return NVML_SUCCESS;
+}
+
+/* Power and thermal violation time; the other policies read 0. */
+EXPORT nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device,
+                                                 nvmlPerfPolicyType_t perfPolicyType,
+                                                 nvmlViolationTime_t *violTime)
+{
+    struct timespec now;
+    DEVICE_CALL(device);
+    REQUIRE(violTime);
+    if ((unsigned int)perfPolicyType >= NVML_PERF_POLICY_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    clock_gettime(CLOCK_REALTIME, &now);
+    violTime->referenceTime =
+        (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000ULL;
+    switch (perfPolicyType) {
+    case NVML_PERF_POLICY_POWER: violTime->violationTime = g.violation_ns[0]; break;
+    case NVML_PERF_POLICY_THERMAL: violTime->violationTime = g.violation_ns[1]; break;
+    default: violTime->violationTime = 0; break;
+    }
+    return NVML_SUCCESS;
+}
 
 /* ---- processes --------------------------------------------------------------------------- */
 
