@@ -122,7 +122,7 @@ def print_report(report: rp.Report, top: int) -> None:
                         when(i.known_at),
                         i.node,
                         i.fault_class or "-",
-                        duration(i.detection_s),
+                        "unknown" if i.detection_s is None else duration(i.detection_s),
                         duration(i.isolation_s),
                         duration(i.scheduling_s),
                         duration(i.restart_s),
@@ -149,6 +149,13 @@ def print_report(report: rp.Report, top: int) -> None:
         )
         if any(i.clock_skew for j in report.jobs for i in j.interruptions):
             click.echo("* a later record was earlier than the one before it (clock skew)")
+        every = [i for j in report.jobs for i in j.interruptions]
+        undated = sum(1 for i in every if i.detection_s is None)
+        if undated:
+            click.echo(
+                f"detection unknown for {undated} of {len(every)} interruptions (no sensor"
+                " time for the fault): their WALL starts when Medic knew"
+            )
         click.echo("")
         click.echo("Jobs")
         echo_table(

@@ -16,6 +16,7 @@ before we read them. A regular file in the same format (a fixture tree) reads th
 
 from __future__ import annotations
 
+import datetime as dt
 import errno
 import os
 from collections.abc import Iterable, Mapping
@@ -31,7 +32,7 @@ class KmsgRecord:
     seq: int
     level: int  # 0 (emerg) .. 7 (debug)
     facility: int  # 0 for the kernel
-    timestamp_us: int  # since boot, CLOCK_MONOTONIC
+    timestamp_us: int  # since boot, the kernel's local_clock (see wall_time)
     flags: str
     message: str
     fields: Mapping[str, str] = field(default_factory=dict)  # SUBSYSTEM=, DEVICE=, ...
@@ -44,6 +45,34 @@ class KmsgBatch:
     lost: int = 0  # records overwritten before they were read
     malformed: int = 0  # lines that were neither a record nor a continuation
     restarted: bool = False  # sequence numbers went backwards: a new log (or a new boot)
+
+
+def boot_wall(wall: float, monotonic: float) -> float:
+    """The wall time (Unix seconds) of the kernel log's zero: CLOCK_REALTIME minus
+    CLOCK_MONOTONIC, read back to back (`time.time()`, `time.monotonic()`, or a check's
+    clock). Better than /proc/stat's btime, which is whole seconds."""
+    return wall - monotonic
+
+
+def wall_time(timestamp_us: int, boot: float, monotonic_now: float) -> dt.datetime | None:
+    """When a record was logged, as a UTC wall time: `boot` (see `boot_wall`) plus its
+    timestamp. None for a timestamp later than `monotonic_now` (not this boot's, or not a
+    kernel's), or one no datetime holds.
+
+    The kernel stamps records with local_clock() (sched_clock: on x86 the TSC at the rate
+    calibrated at boot), which NTP does not discipline while it does slew CLOCK_MONOTONIC:
+    the two part by the TSC's frequency error times the uptime (10 ppm is about 0.9 s a day
+    of uptime). So a fault's time from the kernel log is exact on a freshly booted node and
+    drifts on a long-running one; `medic report` flags a fault time later than Medic's
+    knowing as clock skew. A suspended host (not a GPU node) would also split the clocks.
+    """
+    seconds = timestamp_us / 1e6
+    if timestamp_us < 0 or seconds > monotonic_now + 1.0:
+        return None
+    try:
+        return dt.datetime.fromtimestamp(boot + seconds, dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def parse_header(line: str) -> KmsgRecord | None:

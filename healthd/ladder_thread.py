@@ -145,6 +145,8 @@ class LadderThread:
         from slurm_hooks.actions import carry_out, job_facts, slurm_client, start_releaser
 
         daemon = self.daemon
+        # medic report: when Medic knew (a retry's is later) and when it happened (fault_at).
+        known = {} if again else {"known_at": dt.datetime.now(dt.UTC).isoformat()}
         settings = HookSettings.from_config(daemon.config)
         findings = [finding_of(r) for r in faults]
         client = self.seen.wrap(slurm_client(daemon.config, settings))
@@ -169,6 +171,13 @@ class LadderThread:
                 self.ladder.drained(admission, drained.value)
         now = dt.datetime.now(dt.UTC)  # when the drain and requeues were done (medic report)
         first = primary(findings)
+        happened = [
+            str(r.evidence["fault_at"])
+            for r in faults
+            if r.fault_class == first.fault_class and r.evidence.get("fault_at")
+        ]
+        if happened:  # ISO times in UTC (healthd.kmsg.wall_time): the first sorts first
+            known["fault_at"] = min(happened)
         outcome = drained.value if drained else f"not drained: {decision.why}"
         self._event(
             now,
@@ -190,7 +199,7 @@ class LadderThread:
                 message=action.detail,
                 fault_class=first.fault_class,
                 target=f"job:{action.job_id}",
-                evidence={"action": action.action, "job_id": action.job_id},
+                evidence={"action": action.action, "job_id": action.job_id, **known},
             )
         failed = any(a.action == "requeue_failed" for a in actions)
         return jobs_read and admission.slurm_read and not failed
@@ -205,6 +214,11 @@ class LadderThread:
 
         daemon = self.daemon
         verdict = hang.verdict
+        seen = dt.datetime.now(dt.UTC)  # medic report: known now, stalled since the last step
+        known = {
+            "known_at": seen.isoformat(),
+            "fault_at": (seen - dt.timedelta(seconds=verdict.stalled)).isoformat(),
+        }
         settings = HookSettings.from_config(daemon.config)
         client = self.seen.wrap(slurm_client(daemon.config, settings))
         try:
@@ -279,7 +293,7 @@ class LadderThread:
                 message=action.detail,
                 fault_class="job.hang",
                 target=f"job:{action.job_id}",
-                evidence={"action": action.action, "job_id": action.job_id},
+                evidence={"action": action.action, "job_id": action.job_id, **known},
             )
         return not any(a.action == "requeue_failed" for a in actions)
 

@@ -300,6 +300,7 @@ class XidRecord:
     message: str = ""
     pid: int | None = None
     process: str | None = None
+    kernel_s: float | None = None  # the kernel log's timestamp, when it logged this XID
 
     def evidence(self) -> dict[str, Any]:
         return {
@@ -356,12 +357,14 @@ class XidBuffer:
                         message=old.message or message,
                         pid=old.pid if old.pid is not None else pid,
                         process=old.process or process,
+                        kernel_s=monotonic if source == "kmsg" else old.kernel_s,
                     )
                     self._records[i] = merged
                     return merged
             self._seq += 1
+            kernel_s = monotonic if source == "kmsg" else None
             record = XidRecord(
-                self._seq, xid, gpu, monotonic, (source,), pci, message, pid, process
+                self._seq, xid, gpu, monotonic, (source,), pci, message, pid, process, kernel_s
             )
             self._records.append(record)
             self._counts[(gpu, xid)] += 1

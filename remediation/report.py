@@ -7,8 +7,9 @@ An interruption of a resilient job is a timeline of up to five points, each from
 the store (or the checkpoint helper) keeps:
 
     fault_at     the fault itself            a sensor's own time, when its evidence has one
-    known_at     Medic knew                  the fault's event (check, XID, kernel log);
-                                             without one, the job action below
+    known_at     Medic knew                  the fault's event (check, XID, kernel log) or
+                                             the daemon's answer (job action's known_at);
+                                             without either, the job action below
     isolated_at  drained and requeued        the job_action event "requeued"
     running_at   the job runs again          the first gate "allowed" of the job after it
     resumed_at   training resumed            the checkpoint helper's resume mark
@@ -45,10 +46,13 @@ WAITING_CAP = "waiting_cap"  # an episode whose node was never drained
 COMPONENTS = ("detection", "isolation", "scheduling", "restart")
 
 CANNOT_KNOW = (
-    "detection: the store records when Medic knew of a fault (its event), not when the fault"
-    " happened; a sensor that puts the fault's own time in its evidence (fault_at) is used",
-    "isolation ends at the job_action record, whose time is taken before Slurm's drain and"
-    " requeue calls: their duration falls into scheduling",
+    "detection: only a fault whose sensor dates it has one (fault_at): an XID or other"
+    " fault in the kernel log (its timestamp, which drifts from the wall clock with uptime)"
+    " and a hang (its last step); NVML events (XIDs by NVML alone, ECC, the GPU checks) and"
+    " the other checks carry no time of their own: their detection is unknown, not 0",
+    "isolation ends at the job_action record, taken when Slurm's drain and requeue calls"
+    " returned; known_at is when the daemon began its answer, a few ms after its check saw"
+    " the fault (a store's earlier fault event is used when there is one)",
     "running again is the job's first prolog allowed after the requeue (the first node's),"
     " not the moment every node of the job started",
     "restart and lost work need the checkpoint helper's records (commit and resume marks);"
@@ -81,6 +85,8 @@ class JobAction:
     at: dt.datetime
     action: str  # requeued, requeue_failed, budget_spent, left, not_resilient, cap
     fault_class: str
+    known_at: dt.datetime | None = None  # the daemon's answer began (evidence known_at)
+    fault_at: dt.datetime | None = None  # the sensor's time of the fault (evidence fault_at)
 
 
 @dataclass(frozen=True)
@@ -408,8 +414,9 @@ def interruptions_of(
             out[-1] = replace(last, also=also)
             continue
         fault = _fault_for(faults_by_node, action)
-        known = fault.at if fault else action.at
-        fault_at = fault.fault_at if fault else None
+        knowns = [t for t in (fault.at if fault else None, action.known_at) if t is not None]
+        known = min(knowns, default=action.at)
+        fault_at = (fault.fault_at if fault else None) or action.fault_at
         out.append(
             _interruption(
                 job_id, action, known, fault_at, gates, resumes, commits, have_checkpoints

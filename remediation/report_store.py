@@ -91,8 +91,16 @@ def job_actions(
 ) -> list[JobAction]:
     """The job_action events naming a job in the window."""
     action = EventRow.evidence["action"].as_string()
+    known_at = EventRow.evidence["known_at"].as_string()
+    fault_at = EventRow.evidence["fault_at"].as_string()
     query: Executable = select(
-        EventRow.node, EventRow.at, EventRow.target, EventRow.fault_class, action
+        EventRow.node,
+        EventRow.at,
+        EventRow.target,
+        EventRow.fault_class,
+        action,
+        known_at,
+        fault_at,
     ).where(
         EventRow.kind == "job_action",
         EventRow.at >= since,
@@ -103,7 +111,8 @@ def job_actions(
         query = (
             _events(
                 True,
-                "node, at, target, fault_class, json_extract(evidence, '$.action')",
+                "node, at, target, fault_class, json_extract(evidence, '$.action'),"
+                " json_extract(evidence, '$.known_at'), json_extract(evidence, '$.fault_at')",
                 "kind = 'job_action' AND at >= :since AND at <= :until"
                 " AND json_extract(evidence, '$.action') IS NOT NULL",
             )
@@ -119,8 +128,10 @@ def job_actions(
             at=_utc(at),
             action=str(what),
             fault_class=fault_class,
+            known_at=_parse_time(known),
+            fault_at=_parse_time(happened),
         )
-        for node, at, target, fault_class, what in rows
+        for node, at, target, fault_class, what, known, happened in rows
         if target.startswith("job:")
     ]
 
@@ -210,8 +221,9 @@ def faults(
     return out
 
 
-def _parse_time(text: str | None) -> dt.datetime | None:
-    if not text:
+def _parse_time(text: object) -> dt.datetime | None:
+    """An evidence time (ISO 8601 with its zone); None when absent or not one."""
+    if not isinstance(text, str) or not text:
         return None
     try:
         value = dt.datetime.fromisoformat(text)

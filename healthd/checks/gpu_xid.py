@@ -36,7 +36,7 @@ from healthd.checks.base import (
     setting,
 )
 from healthd.checks.gpu_common import gpu_context, gpu_fault, gpu_ok
-from healthd.kmsg import read_since
+from healthd.kmsg import boot_wall, read_since, wall_time
 from healthd.nvml_client import NvmlClient, NvmlError, pci_key
 from healthd.xid import CATALOG, XidEntry, XidRecord, xids_from_records
 from medic_core.vocabulary import Recommendation
@@ -77,6 +77,7 @@ class GpuXidObservation:
     reported_through: int  # buffer seq already reported as events by earlier runs
     kmsg_problem: str = ""  # why /dev/kmsg could not be read ("" when it was, or not asked)
     kmsg_xids: int = 0  # XID lines read from the kernel log this run
+    boot_wall: float | None = None  # wall time of the kernel log's zero (kmsg.boot_wall)
 
 
 def status_for(entry: XidEntry, cfg: GpuXidConfig) -> Status:
@@ -148,9 +149,9 @@ class GpuXidCheck(Check[GpuXidObservation, GpuXidConfig]):
                         process=x.process,
                     )
         records = gpu.xids.records()
-        observation = GpuXidObservation(
-            ctx.clock.monotonic(), records, self._reported, problem, read
-        )
+        now = ctx.clock.monotonic()
+        boot = boot_wall(ctx.clock.now().timestamp(), now)
+        observation = GpuXidObservation(now, records, self._reported, problem, read, boot)
         self._reported = max([self._reported, *(r.seq for r in records)])
         return observation
 
@@ -168,7 +169,7 @@ class GpuXidCheck(Check[GpuXidObservation, GpuXidConfig]):
                 if observation.now - record.monotonic <= cfg.window_seconds:
                     groups.setdefault((record.gpu, record.xid), []).append(record)
             elif record.seq > observation.reported_through:
-                events.append(_event(record, entry, status))
+                events.append(_event(record, entry, status, _fault_at(record, observation)))
                 if (
                     status == Status.WARN
                     and entry.recommendation == Recommendation.RESTART_APP
@@ -176,10 +177,10 @@ class GpuXidCheck(Check[GpuXidObservation, GpuXidConfig]):
                 ):
                     restarts.setdefault((record.gpu, record.xid), []).append(record)
         conditions = [
-            _condition(records, observation.now, Status.CRITICAL) for records in groups.values()
+            _condition(records, observation, Status.CRITICAL) for records in groups.values()
         ]
         conditions += [
-            _condition(records, observation.now, Status.WARN) for records in restarts.values()
+            _condition(records, observation, Status.WARN) for records in restarts.values()
         ]
         if not conditions:
             evidence = {
@@ -225,7 +226,18 @@ def _where(record: XidRecord) -> str:
     return f"GPU {record.gpu}" if record.gpu is not None else f"PCI {record.pci or '?'}"
 
 
-def _condition(records: list[XidRecord], now: float, status: Status) -> Result:
+def _fault_at(record: XidRecord, observation: GpuXidObservation) -> dict[str, str]:
+    """`fault_at`: when the XID happened, from the kernel log's timestamp of its NVRM line
+    (healthd.kmsg.wall_time). NVML's XID events carry no time of their own: an XID only
+    NVML reported has none, and `medic report` shows its detection as unknown."""
+    if record.kernel_s is None or observation.boot_wall is None:
+        return {}
+    at = wall_time(round(record.kernel_s * 1e6), observation.boot_wall, observation.now)
+    return {} if at is None else {"fault_at": at.isoformat()}
+
+
+def _condition(records: list[XidRecord], observation: GpuXidObservation, status: Status) -> Result:
+    now = observation.now
     last = records[-1]
     entry = CATALOG.lookup(last.xid)
     times = f"{len(records)}x, " if len(records) > 1 else ""
@@ -243,16 +255,17 @@ def _condition(records: list[XidRecord], now: float, status: Status) -> Result:
             "count": len(records),
             "last_seq": last.seq,
             "records": [r.evidence() for r in records[-SAMPLES:]],
+            **_fault_at(records[0], observation),  # the first XID raised the condition
         },
     )
 
 
-def _event(record: XidRecord, entry: XidEntry, status: Status) -> Result:
+def _event(record: XidRecord, entry: XidEntry, status: Status, fault_at: dict[str, str]) -> Result:
     detail = f": {record.message}" if record.message else ""
     message = (
         f"{_where(record)}: XID {entry.xid} {entry.description} (NVIDIA: {entry.bucket}){detail}"
     )
-    evidence = {**_describe(entry), **record.evidence()}
+    evidence = {**_describe(entry), **record.evidence(), **fault_at}
     if status == Status.OK:
         return Result(
             NAME,

@@ -33,7 +33,7 @@ from healthd.checks.base import (
     register,
     setting,
 )
-from healthd.kmsg import KmsgBatch, KmsgRecord, read_since
+from healthd.kmsg import KmsgBatch, KmsgRecord, boot_wall, read_since, wall_time
 
 NAME = "kernel_log"
 RULES_FILE = "kernel_log_rules.json"
@@ -241,6 +241,8 @@ class KernelLogObservation:
     batch: KmsgBatch
     rules: tuple[Rule, ...]
     first_run: bool
+    now: float = 0.0  # monotonic, when read
+    boot_wall: float | None = None  # wall time of the kernel log's zero (kmsg.boot_wall)
 
 
 def match_records(
@@ -284,7 +286,9 @@ class KernelLogCheck(Check[KernelLogObservation, KernelLogConfig]):
             batch = KmsgBatch((), batch.last_seq, 0, batch.malformed, False)
         shipped = tuple(r for r in SHIPPED_RULES if r.name not in cfg.disabled_rules)
         rules = shipped + cfg.site_rules
-        return KernelLogObservation(batch, rules, first_run)
+        now = ctx.clock.monotonic()
+        boot = boot_wall(ctx.clock.now().timestamp(), now)
+        return KernelLogObservation(batch, rules, first_run, now, boot)
 
     @staticmethod
     def evaluate(observation: KernelLogObservation, cfg: KernelLogConfig) -> list[Result]:
@@ -307,6 +311,7 @@ class KernelLogCheck(Check[KernelLogObservation, KernelLogConfig]):
                     "last_seq": last.seq,
                     "samples": [r.message for r in records[:SAMPLES_PER_RULE]],
                     "lost": batch.lost,
+                    **_fault_at(records[0], observation),
                 },
                 kind=Kind.EVENT,
             )
@@ -328,3 +333,12 @@ class KernelLogCheck(Check[KernelLogObservation, KernelLogConfig]):
                 )
             )
         return results
+
+
+def _fault_at(record: KmsgRecord, observation: KernelLogObservation) -> dict[str, str]:
+    """`fault_at`: the first matching record's kernel timestamp as a wall time (for
+    `medic report`'s detection; see healthd.kmsg.wall_time)."""
+    if observation.boot_wall is None:
+        return {}
+    at = wall_time(record.timestamp_us, observation.boot_wall, observation.now)
+    return {} if at is None else {"fault_at": at.isoformat()}
