@@ -61,7 +61,7 @@ log = logging.getLogger("medic.healthd")
 
 # A fresh WARN with one of these recommendations is acted on too: a reset once the node is
 # idle (pending page retirement, pending row remap), and an application restart (XID 94).
-ACTIONABLE_WARN = ("gpu_reset_when_idle", "restart_app")
+ACTIONABLE_WARN = ("gpu_reset_when_idle", "restart_app", "drain_after_job")
 STORE_RETRY = 5.0  # seconds between tries of a store that refused a write
 JOURNAL_LOOK = 10.0  # seconds between looks for journal entries to replay (two listings)
 REFRESH_SECONDS = 300.0  # an unchanged condition's message, evidence and updated_at
@@ -669,7 +669,7 @@ def build_daemon(config: MedicConfig) -> HealthDaemon:
     spool = Path(settings.slurmd_spool_dir.replace("%n", node).replace("{node}", node))
     jobs = SpoolJobState(spool, config.node_name)
     gpu = start_gpu_plumbing(settings.gpus, jobs, call_timeout=settings.nvml_call_timeout)
-    ctx = CheckContext.for_root(config.paths.host_root)
+    ctx = CheckContext.for_root(config.paths.host_root, state_dir=config.paths.state_dir)
     if gpu is not None:
         ctx = gpu.extend(ctx)
     daemon = HealthDaemon(config, store, ctx, gpu)

@@ -196,6 +196,25 @@ class Thermal:
 
 
 @dataclass(frozen=True)
+class TrendCounters:
+    """The counters that rise before a failure, read together for the trends check. None:
+    not supported on this GPU (no NVLink on a PCIe card, say). Counts since the driver
+    loaded (they restart at 0 after a GPU reset or a reload), except the lifetime ones."""
+
+    ecc_corrected: int | None  # volatile corrected (single-bit) ECC errors
+    remapped_rows: int | None  # lifetime: correctable + uncorrectable remapped rows
+    retired_pages: int | None  # lifetime: pages retired (multiple SBE + DBE)
+    pcie_replay: int | None  # PCIe replay counter
+    nvlink_crc: int | None  # NVLink CRC flit + data errors, every link
+    nvlink_replay: int | None  # NVLink replay + recovery errors, every link
+    throttle_ms: int | None  # power + thermal violation time, milliseconds
+    temperature_c: int | None  # a reading, not a counter
+
+    def values(self) -> dict[str, int | None]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
 class GpuProcess:
     pid: int
     used_mib: int | None  # None when NVML cannot tell (NVML_VALUE_NOT_AVAILABLE)
@@ -712,6 +731,70 @@ class PynvmlClient:
             return MemoryUsage(int(mem.total) // MIB, int(mem.used) // MIB)
 
         return self._device("nvmlDeviceGetMemoryInfo", index, read)
+
+    def trend_counters(self, index: int) -> TrendCounters:
+        """Every counter of `TrendCounters` in one call under one deadline; a counter the
+        GPU does not support is None (the others are still read)."""
+
+        def read(nv: ModuleType, handle: Any) -> TrendCounters:
+            unsupported = (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound)
+
+            def opt(call: Callable[[], Any]) -> int | None:
+                try:
+                    return int(call())
+                except unsupported:
+                    return None
+
+            def retired() -> int:
+                causes = (
+                    nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+                    nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+                )
+                return sum(len(nv.nvmlDeviceGetRetiredPages(handle, c)) for c in causes)
+
+            def nvlink(*counters: int) -> int:
+                total = 0
+                for link in range(int(nv.NVML_NVLINK_MAX_LINKS)):
+                    try:
+                        for c in counters:
+                            total += int(nv.nvmlDeviceGetNvLinkErrorCounter(handle, link, c))
+                    except nv.NVMLError as exc:
+                        code = getattr(exc, "value", None)
+                        if link and code in (_NOT_SUPPORTED, _NOT_FOUND_INVALID_ARGUMENT):
+                            break  # past the device's last link
+                        raise
+                return total
+
+            def throttle_ms() -> int:
+                policies = (nv.NVML_PERF_POLICY_POWER, nv.NVML_PERF_POLICY_THERMAL)
+                ns = sum(
+                    int(nv.nvmlDeviceGetViolationStatus(handle, p).violationTime) for p in policies
+                )
+                return ns // 1_000_000
+
+            corrected, volatile = nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC
+            return TrendCounters(
+                ecc_corrected=opt(
+                    lambda: nv.nvmlDeviceGetTotalEccErrors(handle, corrected, volatile)
+                ),
+                remapped_rows=opt(lambda: sum(nv.nvmlDeviceGetRemappedRows(handle)[:2])),
+                retired_pages=opt(retired),
+                pcie_replay=opt(lambda: nv.nvmlDeviceGetPcieReplayCounter(handle)),
+                nvlink_crc=opt(
+                    lambda: nvlink(
+                        nv.NVML_NVLINK_ERROR_DL_CRC_FLIT, nv.NVML_NVLINK_ERROR_DL_CRC_DATA
+                    )
+                ),
+                nvlink_replay=opt(
+                    lambda: nvlink(nv.NVML_NVLINK_ERROR_DL_REPLAY, nv.NVML_NVLINK_ERROR_DL_RECOVERY)
+                ),
+                throttle_ms=opt(throttle_ms),
+                temperature_c=opt(
+                    lambda: nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU)
+                ),
+            )
+
+        return self._device("nvmlDeviceGetPcieReplayCounter", index, read)
 
     def persistence_mode(self, index: int) -> bool:
         def read(nv: ModuleType, handle: Any) -> bool:

@@ -22,6 +22,8 @@ class Recommendation(StrEnum):
     DRAIN = "drain"  # take the node out of service for a human
     RESTART_SERVICE = "restart_service"  # a host service is down: restart it or a human
     RECHECK = "recheck"  # a link that may come back: drain, re-check, then a human
+    # A trend before a failure: drain now, running jobs finish untouched, then the ladder.
+    DRAIN_AFTER_JOB = "drain_after_job"
     GPU_RESET_WHEN_IDLE = "gpu_reset_when_idle"  # running jobs finish, then reset
     GPU_RESET = "gpu_reset"
     REBOOT = "reboot"

@@ -239,7 +239,8 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
     owner = facts.slurm.owner
     capped = bool(facts.rails.cap) and owner != "medic"
     drain = facts.slurm.known and owner == "" and not capped
-    when_idle = rec is Recommendation.GPU_RESET_WHEN_IDLE
+    # Running jobs finish untouched (DRAINING): a reset once idle, a rising trend.
+    when_idle = rec in (Recommendation.GPU_RESET_WHEN_IDLE, Recommendation.DRAIN_AFTER_JOB)
     # Requeue only off a node that will not run it again: drained now, or already out.
     out = drain or owner != ""
     if facts.open_episode is not None:

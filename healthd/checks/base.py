@@ -303,6 +303,9 @@ class CheckContext:
     # Why this node runs no GPU checks (`gpu_checks_skipped`), "" on a GPU node: the runner
     # leaves the GPU checks out instead of reporting them UNKNOWN.
     gpu_skip: str = ""
+    # Where a check may keep state across daemon restarts (the trends check's series);
+    # None: in memory only (`medic check`, tests).
+    state_dir: Path | None = None
 
     @classmethod
     def for_root(cls, host_root: Path | str, **kwargs: Any) -> CheckContext:
