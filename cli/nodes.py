@@ -483,6 +483,13 @@ def show(
     hidden = len(conditions) - len(listed)
     if hidden:
         click.echo(f"  ({hidden} OK or not applicable; --all to list them)")
+    from cli.trend_view import trend_lines
+
+    trends = trend_lines(conditions, show_all=show_all)
+    if trends:
+        click.echo("")
+        click.echo("trends (last values, rate per hour over the window):")
+        click.echo("\n".join(trends))
     click.echo("")
     click.echo(f"episodes (newest {len(found)}):" if found else "episodes: none")
     for e in found:
