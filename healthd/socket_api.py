@@ -170,12 +170,9 @@ class SocketApi:
         return {"error": f"unknown op {op!r}: use one of {', '.join(SOCKET_OPS)}"}
 
     def _open_tickets(self) -> list[int]:
-        from remediation.tickets import TicketState, list_tickets
+        from remediation.tickets import open_tickets
 
-        node = self.host.node
-        return [
-            t.id for t in list_tickets(self.host.store, node=node) if t.state != TicketState.CLOSED
-        ]
+        return open_tickets(self.host.store, self.host.node)
 
     def serve(self, socket_path: Path) -> socketserver.UnixStreamServer:
         """Listen on `socket_path` (root plus `socket_group` only) on a thread of its own."""

@@ -454,8 +454,16 @@ def audit(store: Store, ticket_id: int) -> list[AuditEntry]:
 
 
 def open_tickets(store: Store, node: str) -> list[int]:
-    """Ids of `node`'s tickets not closed: while there is one, the node stays out."""
-    return [t.id for t in list_tickets(store, node=node) if t.state != TicketState.CLOSED]
+    """Ids of `node`'s tickets not closed, by id: while there is one, the node stays out.
+    Ids only, from the (state, node) index: the ladder asks every tick and the launch gate
+    after job starts."""
+    query = (
+        select(RmaTicketRow.id)
+        .where(RmaTicketRow.node == node, RmaTicketRow.state != TicketState.CLOSED.value)
+        .order_by(RmaTicketRow.id)
+    )
+    with store.engine.connect() as conn:
+        return list(conn.scalars(query))
 
 
 def needs_requalification(store: Store, node: str) -> bool:
