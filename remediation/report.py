@@ -437,8 +437,8 @@ def _interruption(
 ) -> Interruption:
     run_started = _run_started(gates, known, action.at)
     floor = action.at - SKEW_TOLERANCE
-    if run_started is not None:
-        floor = max(floor, run_started + RUN_BURST)
+    if run_started is not None:  # the run's own burst of prologs, but never past the requeue:
+        floor = max(floor, min(run_started + RUN_BURST, action.at))  # a fault in its first 10 s
     running = _first_after(gates, floor) if action.action == REQUEUED else None
     resumed = None
     if running is not None:

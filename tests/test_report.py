@@ -336,3 +336,26 @@ def test_what_if_ettr_in_0_1_and_longer_mttr_costs_more(
     assert 0 < short.ettr <= 1
     assert long.wall_hours >= short.wall_hours
     assert short.wall_hours == pytest.approx(work + short.down_hours)
+
+
+def test_a_fault_in_the_runs_first_seconds_is_still_followed_by_its_next_run() -> None:
+    """Found by the scripted day on the lab: a run faulted 2 s after it started, and its
+    requeued run's prolog (5 s after the start) was taken for the first run's own burst of
+    prologs; the outage then lasted until the job's next fault's restart."""
+    report = rp.build_report(
+        data(
+            actions=[
+                rp.JobAction("7", "n1", at(2.05), "requeued", "gpu.xid.79", at(2.01), at(2.0)),
+                rp.JobAction("7", "n2", at(20), "requeued", "gpu.xid.13", at(19.9), at(19.8)),
+            ],
+            starts=[
+                rp.JobStart("7", "n1", at(0), True),
+                rp.JobStart("7", "n2", at(5), True),
+                rp.JobStart("7", "n3", at(23), True),
+            ],
+        )
+    )
+    first, second = report.jobs[0].interruptions
+    assert (first.fault_at, first.known_at, first.running_at) == (at(2.0), at(2.01), at(5))
+    assert first.detection_s == pytest.approx(0.01) and first.wall_s == pytest.approx(3.0)
+    assert (second.node, second.running_at, second.also) == ("n2", at(23), ())
