@@ -231,7 +231,11 @@ def one_fault(lab: Lab, job: Job, fault: str, run: int, timeout: float) -> dict[
     print(f"{fault} on {node} ({job.name}): running again after {mark.time - happened:.2f} s",
           file=sys.stderr)  # fmt: skip
     # The next fault on a node the ladder is still repairing would join its episode.
-    wait_for(f"{node} back in service", lambda: in_service(lab, node), timeout, 0.2)
+    try:
+        wait_for(f"{node} back in service", lambda: in_service(lab, node), timeout, 0.2)
+    except LabError:
+        record["node_back"] = False
+        print(f"{node} not back in service after {timeout:.0f} s", file=sys.stderr)
     return record
 
 

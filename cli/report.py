@@ -159,13 +159,14 @@ def print_report(report: rp.Report, top: int) -> None:
         click.echo("")
         click.echo("Jobs")
         echo_table(
-            ("JOB", "WALL", "DOWN", "LOST", "INTERRUPTIONS", "ETTR"),
+            ("JOB", "WALL", "DOWN", "LOST", "CHECKPOINTS", "INTERRUPTIONS", "ETTR"),
             [
                 [
                     j.job_id,
                     duration(j.wall_s),
                     duration(j.down_s),
                     duration(j.lost_work_s),
+                    f"{j.checkpoints} ({duration(j.checkpoint_s)})" if j.checkpoints else "-",
                     str(len(j.interruptions)),
                     ("<=" if j.ettr_is_upper_bound and j.ettr is not None else "") + _pct(j.ettr),
                 ]
@@ -351,7 +352,9 @@ def checkpoint_marks(pairs: Sequence[str]) -> list[rp.CheckpointMark]:
             raise AdminError(f"--checkpoints {pair!r}: {exc}", code=EXIT_USAGE) from None
         for c in directory.checkpoints():
             at = dt.datetime.fromtimestamp(c.time, dt.UTC)
-            marks.append(rp.CheckpointMark(job_id, at, "commit", c.step, c.restart_count))
+            marks.append(
+                rp.CheckpointMark(job_id, at, "commit", c.step, c.restart_count, c.duration)
+            )
         for r in directory.resumes():
             at = dt.datetime.fromtimestamp(r.time, dt.UTC)
             marks.append(rp.CheckpointMark(job_id, at, "resume", r.step, r.restart_count))

@@ -117,6 +117,7 @@ class CheckpointMark:
     kind: str  # "commit" or "resume"
     step: int | None  # a resume that found no checkpoint: None
     restart_count: int = 0
+    duration_s: float | None = None  # a commit's: staging to manifest (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,8 @@ class JobReport:
     ettr: float | None  # productive / wall, in [0, 1]; None for no wall time
     ettr_is_upper_bound: bool  # restart or lost work unknown for an interruption
     interruptions: tuple[Interruption, ...]
+    checkpoints: int = 0  # complete commits in the window (the checkpoint helper's)
+    checkpoint_s: float | None = None  # their total duration, where their manifests say
 
 
 @dataclass(frozen=True)
@@ -500,6 +503,7 @@ def _job_report(
     last_is_start: bool,
     since: dt.datetime,
     until: dt.datetime,
+    commits: Sequence[CheckpointMark] = (),
 ) -> JobReport:
     """Wall time from the job's first record in the window to its last (to `until` when
     the last record is a start: it is still running, or its end went unrecorded); ETTR is
@@ -512,7 +516,7 @@ def _job_report(
     down = 0.0
     for i in interruptions:
         stop = i.resumed_at or i.running_at or end
-        lo, hi = max(i.known_at, start), min(stop, end)
+        lo, hi = max(i.fault_at or i.known_at, start), min(stop, end)
         down += max(0.0, seconds(lo, hi))
     lost_values = [i.lost_work_s for i in interruptions]
     lost = None if any(v is None for v in lost_values) else sum(v or 0.0 for v in lost_values)
@@ -533,7 +537,14 @@ def _job_report(
         ettr=ettr,
         ettr_is_upper_bound=upper,
         interruptions=tuple(interruptions),
+        checkpoints=len(commits),
+        checkpoint_s=_sum_known(c.duration_s for c in commits),
     )
+
+
+def _sum_known(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 def _in_window(at: dt.datetime, since: dt.datetime, until: dt.datetime) -> bool:
@@ -578,7 +589,8 @@ def build_report(data: ReportInput) -> Report:
         records = [*starts_, *job_ends, *(a.at for a in by_job[job_id])]
         last_is_start = bool(starts_) and (not job_ends or max(starts_) > max(job_ends))
         last_is_start = last_is_start and max(starts_) >= max(records)
-        jobs.append(_job_report(job_id, found, records, last_is_start, since, until))
+        job_commits = [c for c in commits[job_id] if _in_window(c.at, since, until)]
+        jobs.append(_job_report(job_id, found, records, last_is_start, since, until, job_commits))
 
     every = [i for j in jobs for i in j.interruptions]
     recovered = [i for i in every if i.recovered]

@@ -72,10 +72,17 @@ class Checkpoint:
     job_id: str | None
     restart_count: int
     files: Mapping[str, FileEntry]
+    started: float | None = None  # the commit began (its staging directory); older: None
 
     @property
     def size(self) -> int:
         return sum(f.size for f in self.files.values())
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from the staging directory's creation to the manifest's write: the
+        job's writing and the helper's fsyncs (the rename after it takes milliseconds)."""
+        return None if self.started is None else max(0.0, self.time - self.started)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,6 +93,8 @@ class Checkpoint:
             "restart_count": self.restart_count,
             "files": len(self.files),
             "bytes": self.size,
+            "started": self.started,
+            "duration_s": self.duration,
         }
 
 
@@ -97,6 +106,14 @@ class Resume:
     restart_count: int
     time: float
     step: int | None
+
+
+def _float_or_none(value: Any) -> float | None:
+    """A manifest's optional time: a finite number, else None (older manifests lack it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if value == value and abs(value) != float("inf") else None
 
 
 def step_name(step: int) -> str:
@@ -200,6 +217,7 @@ class CheckpointDir:
                 f"remove {final}"
             )
         tmp = self.root / f"{TMP_PREFIX}{step:09d}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}"
+        started = time.time()  # the commit's duration, in its manifest (medic report)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             tmp.mkdir()
@@ -211,7 +229,7 @@ class CheckpointDir:
         try:
             yield tmp
             try:
-                self._commit(tmp, final, step)
+                self._commit(tmp, final, step, started)
             except OSError as exc:  # a full or read-only file system, an I/O error
                 where = exc.filename or tmp
                 raise CheckpointError(
@@ -227,7 +245,7 @@ class CheckpointDir:
                 raise
             raise CheckpointError(f"{exc}; and {kept}") from exc
 
-    def _commit(self, tmp: Path, final: Path, step: int) -> None:
+    def _commit(self, tmp: Path, final: Path, step: int, started: float) -> None:
         if (tmp / MANIFEST).exists():
             raise CheckpointError(f"{tmp / MANIFEST}: name reserved for Medic's manifest")
         files: dict[str, dict[str, Any]] = {}
@@ -256,6 +274,7 @@ class CheckpointDir:
             "format": FORMAT,
             "step": step,
             "time": time.time(),
+            "started": started,
             "job_id": job_id,
             "restart_count": restart_count(self._env),
             "files": files,
@@ -383,6 +402,7 @@ class CheckpointDir:
                 job_id=raw.get("job_id"),
                 restart_count=int(raw.get("restart_count", 0)),
                 files=entries,
+                started=_float_or_none(raw.get("started")),
             )
         except (
             OSError,
