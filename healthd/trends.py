@@ -6,7 +6,9 @@ counter. `stats` turns the points inside a window into a rate (per hour), the ra
 window's older and recent halves and an acceleration; `judge` compares them with the limits
 from `[checks.trends]`. Counters that go down (a GPU reset, a driver reload, a 32-bit wrap)
 restart: the step down counts the new value (the errors since the restart), never the
-difference, so a reset is never a spike. A gauge (the temperature) counts its net change.
+difference, so a reset is never a spike, and the trend is judged on the points since the
+last restart only: a GPU reset or a driver reload (the ladder's repair) starts a new series,
+which must fill again before it can warn. A gauge (the temperature) counts its net change.
 
 `SeriesBook` holds the series in memory and, given a path, persists them as one JSON file
 (temp file, fsync, rename) so a daemon restart keeps them; a missing or unreadable file is
@@ -54,7 +56,7 @@ class TrendStats:
     older_rate: float  # per hour, the window's first half
     recent_rate: float  # per hour, its second half
     acceleration: float  # per hour per hour: (recent - older) / half the span
-    restarts: int  # steps down (reset, reload, wrap)
+    restarts: int  # steps down in the window (reset, reload, wrap); judged after the last
 
 
 def in_window(points: Sequence[Point], now: float, window: float) -> list[Point]:
@@ -87,8 +89,13 @@ def _share_before(start: float, end: float, mid: float) -> float:
 def stats(
     points: Sequence[Point], now: float, window: float, *, gauge: bool = False
 ) -> TrendStats | None:
-    """The trend of the points inside [now - window, now]; None with fewer than two."""
+    """The trend of the points inside [now - window, now] since the counter's last restart;
+    None with fewer than two."""
     pts = sorted(in_window(points, now, window))
+    restarts = 0 if gauge else sum(1 for (_, v0), (_, v1) in itertools.pairwise(pts) if v1 < v0)
+    if restarts:
+        last = max(i for i in range(1, len(pts)) if pts[i][1] < pts[i - 1][1])
+        pts = pts[last - 1 :]  # the step down itself counts its new value
     if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
         return None
     steps = increments(pts, gauge=gauge)
@@ -99,7 +106,6 @@ def stats(
     recent = increase - older
     half_h = span / 2 / SECONDS_PER_HOUR
     older_rate, recent_rate = older / half_h, recent / half_h
-    restarts = 0 if gauge else sum(1 for (_, v0), (_, v1) in itertools.pairwise(pts) if v1 < v0)
     return TrendStats(
         points=len(pts),
         span_s=span,
