@@ -1,5 +1,5 @@
 """The trends check's series as `medic node show` prints them: one compact line per GPU and
-counter (the last values, the rate per hour), from the evidence of the node's `trends`
+counter (the last values, the rate per hour), from the evidence of the node's `gpu_trends`
 conditions. Counters that do not move are left out unless asked for (--all)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from healthd.trends import COUNTERS, describe
 
-CHECK = "trends"
+CHECK = "gpu_trends"
 
 
 def _natural(target: str) -> tuple[int, str]:
@@ -17,7 +17,7 @@ def _natural(target: str) -> tuple[int, str]:
 
 
 def trend_lines(conditions: Iterable[Any], *, show_all: bool = False) -> list[str]:
-    """Lines for the `trends` conditions among `conditions` (store Condition rows: type,
+    """Lines for the `gpu_trends` conditions among `conditions` (store Condition rows: type,
     target, evidence); evidence that is not what the check writes is skipped."""
     out: list[str] = []
     rows = [c for c in conditions if getattr(c, "type", "") == CHECK]

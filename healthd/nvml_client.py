@@ -208,7 +208,6 @@ class TrendCounters:
     nvlink_crc: int | None  # NVLink CRC flit + data errors, every link
     nvlink_replay: int | None  # NVLink replay + recovery errors, every link
     throttle_ms: int | None  # power + thermal violation time, milliseconds
-    temperature_c: int | None  # a reading, not a counter
 
     def values(self) -> dict[str, int | None]:
         return dict(self.__dict__)
@@ -789,9 +788,6 @@ class PynvmlClient:
                     lambda: nvlink(nv.NVML_NVLINK_ERROR_DL_REPLAY, nv.NVML_NVLINK_ERROR_DL_RECOVERY)
                 ),
                 throttle_ms=opt(throttle_ms),
-                temperature_c=opt(
-                    lambda: nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU)
-                ),
             )
 
         return self._device("nvmlDeviceGetPcieReplayCounter", index, read)

@@ -1,10 +1,10 @@
 """Short time series of the counters that rise before a failure, and the pure trend math the
-`trends` check judges them with.
+`gpu_trends` check judges them with.
 
 A series is a list of (unix time, value) points, newest last, kept per GPU (by UUID) and
 counter. `stats` turns the points inside a window into a rate (per hour), the rates of the
 window's older and recent halves and an acceleration; `judge` compares them with the limits
-from `[checks.trends]`. Counters that go down (a GPU reset, a driver reload, a 32-bit wrap)
+from `[checks.gpu_trends]`. Counters that go down (a GPU reset, a driver reload, a 32-bit wrap)
 restart: the step down counts the new value (the errors since the restart), never the
 difference, so a reset is never a spike, and the trend is judged on the points since the
 last restart only: a GPU reset or a driver reload (the ladder's repair) starts a new series,
@@ -120,7 +120,7 @@ def stats(
 
 @dataclass(frozen=True)
 class Limits:
-    """What counts as rising, from `[checks.trends]`."""
+    """What counts as rising, from `[checks.gpu_trends]`."""
 
     rate_per_hour: Mapping[str, float]  # counter -> rate that warns; absent: never warns
     acceleration_ratio: float = 3.0  # recent half's rate over the older half's

@@ -39,7 +39,7 @@ class Rung(IntEnum):
 FIRST_RUNG: Mapping[str, Rung | None] = {
     "gpu_reset": Rung.GPU_RESET,
     "gpu_reset_when_idle": Rung.GPU_RESET,
-    # a rising trend (healthd.checks.trends): the node drains after its job, then the
+    # a rising trend (healthd.checks.gpu_trends): the node drains after its job, then the
     # GPU's reset and the re-qualification checks decide whether it comes back
     "drain_after_job": Rung.GPU_RESET,
     "reboot": Rung.REBOOT,

@@ -343,8 +343,8 @@ def test_restart_app_xid_from_the_kernel_log(tmp_path: Path) -> None:
 def test_every_gpu_check_is_registered_with_its_tiers() -> None:
     launch = {s.name for s in registry() if s.name.startswith("gpu_") and "launch" in s.tiers}
     periodic = {s.name for s in registry() if s.name.startswith("gpu_") and "periodic" in s.tiers}
-    assert periodic == set(GPU_CHECKS) and len(GPU_CHECKS) == 11
-    assert launch == set(GPU_CHECKS) - {"gpu_thermal"}
+    assert periodic == set(GPU_CHECKS) and len(GPU_CHECKS) == 12
+    assert launch == set(GPU_CHECKS) - {"gpu_thermal", "gpu_trends"}
     assert all(get(n).needs == ("nvml",) for n in GPU_CHECKS)
 
 

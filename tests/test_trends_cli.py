@@ -35,7 +35,7 @@ def test_node_show_prints_the_series_of_a_rising_counter(tmp_path: Path) -> None
         store.set_condition(
             "n1",
             ConditionUpdate(
-                "trends", "WARN", "2", "gpu.trend.ecc_corrected",
+                "gpu_trends", "WARN", "2", "gpu.trend.ecc_corrected",
                 "GPU 2: correctable ECC rising 700/h (limit 100/h)", evidence=EVIDENCE,
             ),
             dt.datetime.now(dt.UTC),
@@ -56,14 +56,14 @@ def test_node_show_prints_the_series_of_a_rising_counter(tmp_path: Path) -> None
 
 def test_hostile_evidence_is_skipped() -> None:
     rows = [
-        SimpleNamespace(type="trends", target="1", evidence={"series": "nope"}),
-        SimpleNamespace(type="trends", target="x", evidence=None),
+        SimpleNamespace(type="gpu_trends", target="1", evidence={"series": "nope"}),
+        SimpleNamespace(type="gpu_trends", target="x", evidence=None),
         SimpleNamespace(
-            type="trends",
+            type="gpu_trends",
             target="3",
             evidence={"series": {"ecc_corrected": [["a"]]}, "rates_per_hour": {"ecc_corrected": 5}},
         ),
         SimpleNamespace(type="gpu_ecc", target="0", evidence=EVIDENCE),
-        SimpleNamespace(type="trends", target="2", evidence=EVIDENCE),
+        SimpleNamespace(type="gpu_trends", target="2", evidence=EVIDENCE),
     ]
     assert trend_lines(rows) == ["  GPU 2  correctable ECC: 0 5 15 35 (700/h)  RISING"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,7 +40,7 @@ from healthd.checks.gpu_common import (
     problem_result,
     sample_gpus,
 )
-from healthd.nvml_client import Problem, Reading, TrendCounters
+from healthd.nvml_client import Problem, Reading, TrendCounters, measure
 from healthd.trends import (
     COUNTERS,
     GAUGES,
@@ -51,7 +52,7 @@ from healthd.trends import (
     stats,
 )
 
-NAME = "trends"
+NAME = "gpu_trends"
 STATE_FILE = "trends.json"
 ACTION = "drain_after_job"
 
@@ -176,7 +177,14 @@ class TrendsCheck(Check[TrendsObservation, TrendsConfig]):
                 )
                 continue
             series: dict[str, tuple[Point, ...]] = {}
-            for counter, value in s.reading.value.values().items():
+            # The temperature through the thermal check's own call: a hung temperature
+            # read (remembered by the client) costs the other counters nothing.
+            thermal = measure(partial(client.thermal, s.index)).value
+            values: dict[str, int | None] = {
+                **s.reading.value.values(),
+                "temperature_c": thermal.temperature_c if thermal is not None else None,
+            }
+            for counter, value in values.items():
                 if value is None:
                     continue
                 key = series_key(s, counter)
