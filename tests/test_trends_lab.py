@@ -55,7 +55,7 @@ class EccRamp:
 def test_rising_correctable_ecc_drains_after_the_job_which_finishes_untouched(
     lab: Lab, store: Store, tmp_path: Path
 ) -> None:
-    conf = config(lab, tmp_path, checks={"trends": TRENDS})
+    conf = config(lab, tmp_path, checks={"gpu_trends": TRENDS})
     lab.start_healthd("n2", config=conf)
     started, finish = tmp_path / "started", tmp_path / "finish"
     job_id = submit(
@@ -94,3 +94,11 @@ def test_rising_correctable_ecc_drains_after_the_job_which_finishes_untouched(
     assert episode.state == ep.RESOLVED, episode.message
     assert [s.action for s in ep.EpisodeStore(store).steps(episode.id)] == ["gpu_reset"]
     poll("n2 back in service", lambda: in_service(lab, "n2"), timeout=15)
+
+    def quiet() -> bool:
+        trend = [c for c in store.conditions("n2", type="gpu_trends") if c.target == "3"]
+        return bool(trend) and str(trend[0].status) == "OK"
+
+    # The reset started a new series: the rise before it does not drain the node again.
+    poll("GPU 3's trend quiet after the reset", quiet, timeout=15)
+    assert in_service(lab, "n2") and len(ep.EpisodeStore(store).find(node="n2")) == 1
