@@ -291,8 +291,58 @@ class RemediationSettings:
     @classmethod
     @per_config
     def from_config(cls, config: MedicConfig) -> RemediationSettings:
-        table = {k: v for k, v in config.table("remediation").items() if k != "webhook"}
+        table = {
+            k: v
+            for k, v in config.table("remediation").items()
+            if k not in ("webhook", "isolation")
+        }
         return parse_table(cls, table, prefix="remediation", source=config.source)
+
+
+ISOLATION_PLACEHOLDERS = ("node", "count", "keep", "isolated")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IsolationSettings:
+    """The `[remediation.isolation]` table: single-GPU isolation (remediation/isolation.py)."""
+
+    enabled: bool = setting(False, doc="take one bad GPU out of the node's GRES, not the node")
+    faults: tuple[str, ...] = setting(
+        ("gpu.xid.48", "gpu.xid.63", "gpu.xid.64", "gpu.xid.94", "gpu.xid.95"),
+        doc="fault classes (or their prefixes) on one GPU that allow isolation",
+    )
+    nvswitch: bool = setting(False, doc="the node's GPUs share an NVSwitch fabric (HGX)")
+    nvswitch_refused: tuple[str, ...] = setting(
+        ("gpu.xid.74", "gpu.xid.79"),
+        doc="faults that drain the whole node when nvswitch = true",
+    )
+    max_gpus: int = setting(1, minimum=1, doc="GPUs isolated on one node before a full drain")
+    apply: tuple[str, ...] = setting(
+        (),
+        doc="argv that sets the node's GPU count in slurm.conf and its File= list in gres.conf"
+        " and restarts slurmctld and the node's slurmd: {node} {count} {keep} {isolated}",
+    )
+    apply_timeout: float = setting(120.0, minimum=1, doc="seconds the apply command may take")
+    settle_timeout: float = setting(
+        60.0, minimum=1, doc="seconds for Slurm to show the node's new GPU count"
+    )
+
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        if self.enabled or self.apply:
+            yield from argv_problems("apply", self.apply, ISOLATION_PLACEHOLDERS)
+
+    @classmethod
+    @per_config
+    def from_config(cls, config: MedicConfig) -> IsolationSettings:
+        table = config.table("remediation").get("isolation", {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(
+                config.source,
+                "remediation.isolation",
+                "is not a table",
+                "write its keys under [remediation.isolation]",
+            )
+        return parse_table(cls, table, prefix="remediation.isolation", source=config.source)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -495,6 +545,7 @@ def load_settings(config: MedicConfig) -> Settings:
     from medic_core.store import store_settings  # the store's own table; imports SQLAlchemy
 
     store_settings(config)
+    IsolationSettings.from_config(config)  # validated here, read by remediation.isolator
     return Settings(
         healthd=DaemonSettings.from_config(config),
         hooks=HookSettings.from_config(config),

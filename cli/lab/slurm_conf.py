@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cli.lab.layout import LabLayout
+from remediation.isolation import index_ranges
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,15 @@ class LabPorts:
         return self.slurmd_first + index
 
 
-def render_slurm_conf(spec: LabSpec, layout: LabLayout, ports: LabPorts, host: str) -> str:
+def render_slurm_conf(
+    spec: LabSpec,
+    layout: LabLayout,
+    ports: LabPorts,
+    host: str,
+    gres_keep: Mapping[str, Sequence[int]] | None = None,
+) -> str:
+    """`gres_keep`: nodes whose GRES lists only these GPUs (single-GPU isolation,
+    cli/lab/isolate.py); they get a NodeName line of their own with the lower count."""
     nodes = layout.root / "nodes" / "%n"
     last_port = ports.slurmd(spec.nodes - 1)
     port_range = f"{ports.slurmd_first}-{last_port}" if spec.nodes > 1 else str(last_port)
@@ -88,10 +97,21 @@ def render_slurm_conf(spec: LabSpec, layout: LabLayout, ports: LabPorts, host: s
         # --resilient[=N]: Medic's SPANK plugin, and cli_filter.lua next to this file.
         f"PlugStackConfig={layout.etc / 'plugstack.conf'}",
         "CliFilterPlugins=cli_filter/lua",
-        (
-            f"NodeName={spec.node_range()} NodeHostname={host} NodeAddr=127.0.0.1 "
-            f"Port={port_range} CPUs={spec.cpus_per_node} RealMemory={spec.memory_mb} "
-            f"{gres}State=UNKNOWN"
+        *(
+            [
+                f"NodeName={spec.node_range()} NodeHostname={host} NodeAddr=127.0.0.1 "
+                f"Port={port_range} CPUs={spec.cpus_per_node} RealMemory={spec.memory_mb} "
+                f"{gres}State=UNKNOWN"
+            ]
+            if not gres_keep
+            else [
+                f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 "
+                f"Port={ports.slurmd(index)} CPUs={spec.cpus_per_node} "
+                f"RealMemory={spec.memory_mb} "
+                + (f"Gres=gpu:{len(gres_keep[name])} " if name in gres_keep else gres)
+                + "State=UNKNOWN"
+                for index, name in enumerate(spec.node_names())
+            ]
         ),
         f"PartitionName={spec.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
         "",
@@ -99,7 +119,9 @@ def render_slurm_conf(spec: LabSpec, layout: LabLayout, ports: LabPorts, host: s
     return "\n".join(lines)
 
 
-def render_gres_conf(spec: LabSpec, layout: LabLayout) -> str:
+def render_gres_conf(
+    spec: LabSpec, layout: LabLayout, gres_keep: Mapping[str, Sequence[int]] | None = None
+) -> str:
     # slurmd drops a GPU without a device file ("Removing file-less GPU"), so each node's
     # host tree carries /dev/nvidiaN character devices; nothing ever opens them.
     if spec.gpus_per_node == 0:
@@ -108,7 +130,9 @@ def render_gres_conf(spec: LabSpec, layout: LabLayout) -> str:
     lines = []
     for name in spec.node_names():
         dev = layout.node(name).host_root / "dev"
-        lines.append(f"NodeName={name} Name=gpu File={dev}/nvidia[0-{last}]")
+        keep = (gres_keep or {}).get(name)
+        files = index_ranges(keep) if keep is not None else f"0-{last}"
+        lines.append(f"NodeName={name} Name=gpu File={dev}/nvidia[{files}]")
     return "\n".join(lines) + "\n"
 
 
