@@ -18,7 +18,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,13 +31,20 @@ from healthd.ladder_host import HealthDaemon as HostDaemon
 from healthd.results import finding_of
 from healthd.slurm_seen import SlurmSeen
 from medic_core.config import MedicConfig
-from medic_core.settings import DaemonSettings, HookSettings, RemediationSettings, WebhookSettings
+from medic_core.settings import (
+    DaemonSettings,
+    HookSettings,
+    RemediationSettings,
+    SpareSettings,
+    WebhookSettings,
+)
 from medic_core.slurm import SlurmError
 from medic_core.store import Severity
 from medic_core.vocabulary import Finding, Recommendation
 from remediation.decide import FaultFacts, NodeFacts, decide_fault, primary
 from remediation.episodes import EpisodeStore
 from remediation.ladder import Ladder
+from remediation.spares import SparePool, idle_in_service
 from remediation.webhook import deliver_pending
 
 log = logging.getLogger("medic.healthd")
@@ -76,6 +83,8 @@ class LadderThread:
         self._unanswered: list[Result] = []  # faults whose answer Slurm could not complete
         self._retry_at = 0.0
         self.hangs: HangWatch | None = None  # the progress watch (attach_ladder sets it)
+        self.spares: Callable[[], SparePool] | None = None  # the pool (attach_ladder)
+        self._fill_at = 0.0
 
     def start(self) -> threading.Thread:
         """Also continues an episode a restart interrupted, and starts the progress watch."""
@@ -107,6 +116,10 @@ class LadderThread:
                 if failing:
                     log.warning("remediation steps work again")
                 failing = ""
+            try:
+                self.fill_pool()
+            except Exception:
+                log.exception("filling the spare pool failed")
             try:
                 self.retry_unanswered()
             except Exception:
@@ -163,10 +176,11 @@ class LadderThread:
             decision = admission.decision
 
             def make_eligible(job_id: str, restarts: int) -> None:
-                start_releaser(daemon.config, job_id, restarts)
+                self.hand_spare(job_id, restarts)  # before the job is eligible again
+                if settings.release_held:
+                    start_releaser(daemon.config, job_id, restarts)
 
-            after = make_eligible if settings.release_held else None
-            drained, actions = carry_out(client, daemon.node, decision, after)
+            drained, actions = carry_out(client, daemon.node, decision, make_eligible)
             if drained is not None and not admission.store_down:
                 self.ladder.drained(admission, drained.value)
         now = dt.datetime.now(dt.UTC)  # when the drain and requeues were done (medic report)
@@ -203,6 +217,50 @@ class LadderThread:
             )
         failed = any(a.action == "requeue_failed" for a in actions)
         return jobs_read and admission.slurm_read and not failed
+
+    def hand_spare(self, job_id: str, restarts: int) -> None:
+        """A spare from the pool for a job just requeued off this node, when no healthy
+        node is free for it (remediation.spares); never raises into the fault's answer."""
+        if self.spares is None:
+            return
+        try:
+            handed = self.spares().hand_over(job_id, restarts)
+        except Exception:
+            log.exception("job %s: handing a spare failed", job_id)
+            return
+        if handed.node:
+            log.warning("job %s: spare %s handed (%s)", job_id, handed.node, handed.reservation)
+        else:
+            log.info("job %s: no spare handed: %s", job_id, handed.why)
+
+    def fill_pool(self) -> None:
+        """This node, listed in [remediation.spares] nodes and idle in service, joins a
+        short pool after the deep tier; looked at every FILL_SECONDS."""
+        if self.spares is None or time.monotonic() < self._fill_at:
+            return
+        self._fill_at = time.monotonic() + FILL_SECONDS
+        pool = self.spares()
+        node = self.daemon.node
+        if node not in pool.settings.nodes or self.episodes.open_for(node) is not None:
+            return
+        try:
+            if idle_in_service(pool.slurm.node(node)) and not pool.wants(node):
+                pool.join(node, self.deep_findings)
+        except SlurmError as exc:
+            log.info("%s: not taken as a spare: %s", node, exc)
+
+    def deep_findings(self) -> list[Finding]:
+        """What a spare must pass: the checks a repair passes, then the deep tier (or
+        [remediation.spares] checks)."""
+        from healthd.checks.base import Tier
+        from healthd.results import result_json
+
+        checks = self.spares().settings.checks if self.spares is not None else ()
+        found = list(self.ladder.host.verify(checks))
+        if not checks:
+            report = self.daemon.run_checks(tier=Tier.DEEP)
+            found += [Finding.from_json(result_json(r)) for r in report.results]
+        return found
 
     def respond_hang(self, hang: Hang) -> bool:
         """A hung job (healthd.hang_watch): the decision core decides as for any fault that
@@ -390,6 +448,7 @@ class LadderThread:
 
 
 RETRY_SECONDS = 5.0  # an answer Slurm refused (slurmctld down) is tried again this often
+FILL_SECONDS = 30.0  # a listed spare looks whether the pool wants it this often
 
 
 def _uid_of(user: str) -> int | None:
@@ -442,8 +501,36 @@ def attach_ladder(daemon: LadderDaemon) -> LadderThread:
         settings,
     )
     thread = LadderThread(daemon, ladder, episodes, webhook, seen=seen)
+    attach_spares(daemon, ladder, thread)
     thread.hangs = watch_hangs(daemon, thread)
     return thread
+
+
+def attach_spares(daemon: LadderDaemon, ladder: Ladder, thread: LadderThread) -> None:
+    """Hot spares (remediation.spares), with `[remediation.spares]` read at every use (a
+    reload applies at the next): the thread hands spares and fills the pool from listed
+    nodes; the ladder offers a repaired node to a short pool before giving it back."""
+    from remediation.spares import SparePool, SparesSlurm
+    from slurm_hooks.actions import slurm_env
+
+    def pool() -> SparePool:
+        hooks = HookSettings.from_config(daemon.config)
+        slurm = SparesSlurm(env=slurm_env(daemon.config), timeout=hooks.slurm_timeout)
+        return SparePool(SpareSettings.from_config(daemon.config), slurm, daemon.store,
+                         daemon.node)  # fmt: skip
+
+    def offer() -> str:
+        spares = pool()
+        if spares.settings.size <= 0:
+            return ""
+        try:
+            return spares.join(daemon.node, thread.deep_findings)
+        except SlurmError as exc:  # given back as usual
+            log.warning("%s: not taken as a spare: %s", daemon.node, exc)
+            return ""
+
+    thread.spares = pool
+    ladder.spares = offer
 
 
 def watch_hangs(daemon: LadderDaemon, thread: LadderThread) -> HangWatch:

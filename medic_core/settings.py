@@ -294,7 +294,7 @@ class RemediationSettings:
         table = {
             k: v
             for k, v in config.table("remediation").items()
-            if k not in ("webhook", "isolation")
+            if k not in ("webhook", "isolation", "spares")
         }
         return parse_table(cls, table, prefix="remediation", source=config.source)
 
@@ -343,6 +343,45 @@ class IsolationSettings:
                 "write its keys under [remediation.isolation]",
             )
         return parse_table(cls, table, prefix="remediation.isolation", source=config.source)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpareSettings:
+    """The `[remediation.spares]` table: hot spares (remediation/spares.py)."""
+
+    size: int = setting(0, minimum=0, doc="spare nodes kept in the pool (0: no pool)")
+    nodes: tuple[str, ...] = setting(
+        (), doc="the only nodes that may be spares (empty: any node the ladder repaired)"
+    )
+    reservation: str = setting("medic-spares", doc="the Slurm reservation holding the pool")
+    checks: tuple[str, ...] = setting(
+        (), doc="deep checks a node passes before it joins (empty: every deep-tier check)"
+    )
+    purge_after: int = setting(
+        60, minimum=1, doc="seconds a handed spare's reservation outlives its job (PURGE_COMP)"
+    )
+    hold_days: int = setting(
+        30, minimum=1, doc="days the pool's and a hand-over's reservations last at most"
+    )
+
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        if not self.reservation or any(c in self.reservation for c in " \t,=[]"):
+            yield "reservation", f"{self.reservation!r} is not a name", 'e.g. "medic-spares"'
+        if self.nodes and self.size > len(self.nodes):
+            yield "size", f"{self.size} > {len(self.nodes)} nodes listed", "list more nodes"
+
+    @classmethod
+    @per_config
+    def from_config(cls, config: MedicConfig) -> SpareSettings:
+        table = config.table("remediation").get("spares", {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(
+                config.source,
+                "remediation.spares",
+                "is not a table",
+                "write its keys under [remediation.spares]",
+            )
+        return parse_table(cls, table, prefix="remediation.spares", source=config.source)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -542,6 +581,7 @@ class Settings:
 
 def load_settings(config: MedicConfig) -> Settings:
     """Parse and validate every table; the first problem raises ConfigError."""
+    SpareSettings.from_config(config)  # validated here, read by the ladder thread
     from medic_core.store import store_settings  # the store's own table; imports SQLAlchemy
 
     store_settings(config)

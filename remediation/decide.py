@@ -401,3 +401,51 @@ def decide_resume(
         f = blocking[0]
         return ResumeDecision(False, f"still {f.status.value}: {f.check} {f.message}")
     return ResumeDecision(True, "re-qualified")
+
+
+# --- a hot spare for a requeued job ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpareDecision:
+    node: str  # the spare handed to the job; "" for none
+    why: str
+
+
+def spare_key(job_id: str, slurm_restarts: int) -> str:
+    """One hand-over per run of a job (`fault_key`): two nodes of one job answering the same
+    fault, or a daemon answering again after a crash, hand one spare, not two."""
+    return f"job:{job_id}:{fault_key(slurm_restarts)}"
+
+
+def decide_spare(
+    key: str,
+    pool: Sequence[NodeInfo],
+    free: int,
+    handed: Collection[str],
+    *,
+    size: int,
+) -> SpareDecision:
+    """Hand a spare from the pool to a job Medic just requeued? Only with a pool configured
+    (`size`), once per job run (`handed`: the keys already recorded), when no healthy node
+    outside the pool is free for it (`free`), and only a spare Slurm shows idle and in
+    service (a spare that failed meanwhile is never handed); the first by name."""
+    if size <= 0:
+        return SpareDecision("", "no spare pool ([remediation.spares] size = 0)")
+    if key in handed:
+        return SpareDecision("", f"a spare was handed for {key} already")
+    if free > 0:
+        return SpareDecision("", f"{free} healthy node(s) free: the queue places the job")
+    usable = sorted(
+        (n for n in pool if n.state == "IDLE" and not n.drained and not n.down),
+        key=lambda n: _natural(n.name),
+    )
+    if not usable:
+        return SpareDecision("", f"no idle spare in the pool ({len(pool)} held)")
+    return SpareDecision(usable[0].name, f"no healthy node free: spare {usable[0].name} handed")
+
+
+def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    import re
+
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name) if p)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -115,6 +115,10 @@ class Admission:
 
 
 class Ladder:
+    # A short spare pool's offer for the node being given back: the text of what was done
+    # (it joined), or "" (given back as usual). Set by the daemon (remediation.spares).
+    spares: Callable[[], str] | None = None
+
     def __init__(
         self,
         node: str,
@@ -742,6 +746,10 @@ class Ladder:
 
         if tickets.open_tickets(self.store.store, self.node):
             return "kept out: an RMA ticket is open"
+        if self.spares is not None:  # a short spare pool takes it (remediation.spares)
+            joined = self.spares()
+            if joined:
+                return joined
         return resume_if_medic(self.slurm, self.node).value
 
     def _rma(self, episode: ep.Episode, why: str) -> ep.Episode:

@@ -67,7 +67,10 @@ RESERVATION_SLACK = 600.0
 class SweepSlurm(CliSlurm):
     """Slurm's commands a sweep needs beyond the common client's."""
 
-    def create_reservation(self, name: str, node: str, minutes: int, user: str) -> None:
+    def create_reservation(
+        self, name: str, node: str, minutes: int, user: str, flags: Sequence[str] = ()
+    ) -> None:
+        """`flags`: Slurm's reservation flags, e.g. ("FLEX", "PURGE_COMP=60") (spares)."""
         self._run(
             "scontrol",
             "create",
@@ -77,6 +80,7 @@ class SweepSlurm(CliSlurm):
             "starttime=now",
             f"duration={minutes}",
             f"users={user}",
+            *([f"flags={','.join(flags)}"] if flags else []),
         )
 
     def reservation_exists(self, name: str) -> bool:

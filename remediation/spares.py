@@ -1,0 +1,250 @@
+"""Hot spares: a pool of pre-qualified nodes Medic holds in one Slurm reservation
+(`[remediation.spares] reservation`, "medic-spares"), handed at once to a resilient job
+Medic requeued when no healthy node is free for it, and refilled from repaired nodes.
+
+Hand-over (`SparePool.hand_over`, the daemon's ladder thread, right after the requeue and
+before the releaser makes the job eligible): the decision core (`remediation.decide.
+decide_spare`) picks the spare; the intent is recorded (an event of kind "spare" keyed by
+the job's run, so a daemon that crashes and answers again, or the job's other node
+answering the same fault, never hands a second spare); the spare leaves the pool
+reservation and a reservation of the job's own is made on it, `medic-spare-<job>`, for
+the job's user with Flags=FLEX (the job may use nodes outside it too: a multi-node job
+keeps its healthy nodes) and PURGE_COMP (Slurm deletes it once the job has left it for
+`purge_after` seconds); the job is moved into that reservation. No other pending job can
+take the spare, whatever its priority: the reservation is the job's.
+
+Refill (`SparePool.join`, the ladder's give-back after a repair, and a listed node that
+is idle and in service): a pool short of `size` takes the node if it passes the deep tier
+first; it enters the pool reservation before Medic's drain is lifted, so no job lands on
+it in between. Medic changes only the pool reservation it names and the reservations
+named `medic-spare-*` it made: a node is added only after it passed the deep checks here,
+and removed only when handed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from medic_core.drain_reason import resume_if_medic
+from medic_core.settings import SpareSettings
+from medic_core.slurm import NodeInfo, SlurmError, expand_hostlist
+from medic_core.status import Status
+from medic_core.store import Severity, Store
+from medic_core.vocabulary import Finding
+from remediation.decide import SpareDecision, decide_spare, spare_key
+from remediation.sweep.runner import SweepSlurm, _user
+
+log = logging.getLogger("medic.spares")
+
+EVENT_KIND = "spare"
+JOB_RESERVATION_PREFIX = "medic-spare-"
+HANDING, HANDED, FAILED, JOINED = "handing", "handed", "failed", "joined"
+# How far back the store is read for hand-overs already recorded: longer than any
+# requeue-and-restart of one run.
+HANDED_LOOKBACK = dt.timedelta(days=2)
+
+
+def job_reservation(job_id: str) -> str:
+    return f"{JOB_RESERVATION_PREFIX}{job_id}"
+
+
+def parse_reservations(text: str) -> dict[str, tuple[str, ...]]:
+    """{name: nodes} from `scontrol -o show reservation` (one reservation a line)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for line in text.split("\n"):
+        name = re.match(r"ReservationName=(\S+)", line)
+        if not name:
+            continue
+        nodes = re.search(r"(?:^|\s)Nodes=(\S*)", line)
+        hostlist = nodes.group(1) if nodes else ""
+        try:
+            names = tuple(expand_hostlist(hostlist)) if hostlist not in ("", "(null)") else ()
+        except ValueError:
+            names = ()
+        found[name.group(1)] = names
+    return found
+
+
+class SparesSlurm(SweepSlurm):
+    """The reservation commands spares need beyond a sweep's (create, exists, delete)."""
+
+    def reservations(self) -> dict[str, tuple[str, ...]]:
+        result = self._run("scontrol", "-o", "show", "reservation")
+        return parse_reservations(result)
+
+    def set_reservation_nodes(self, name: str, nodes: Sequence[str]) -> None:
+        self._run("scontrol", "update", f"reservationname={name}", f"nodes={','.join(nodes)}")
+
+    def move_job(self, job_id: str, reservation: str) -> None:
+        self._run("scontrol", "update", f"jobid={job_id}", f"reservationname={reservation}")
+
+
+@dataclass(frozen=True)
+class HandOver:
+    job_id: str
+    node: str  # "" when none was handed
+    why: str
+    reservation: str = ""
+
+
+class SparePool:
+    """The pool's actions; every Slurm call through `SparesSlurm` (argv, timeout), every
+    step an event in the store before and after it is taken."""
+
+    def __init__(
+        self, settings: SpareSettings, slurm: SparesSlurm, store: Store, node: str
+    ) -> None:
+        self.settings = settings
+        self.slurm = slurm
+        self.store = store
+        self.node = node  # the node whose daemon acts (the faulty one, or the one joining)
+
+    # ---- what the store says -------------------------------------------------------------
+
+    def handed_keys(self) -> set[str]:
+        since = dt.datetime.now(dt.UTC) - HANDED_LOOKBACK
+        return {
+            str(e.evidence.get("key"))
+            for e in self.store.events(since=since, kind=EVENT_KIND)
+            if e.evidence.get("action") in (HANDING, HANDED)
+        }
+
+    def _event(self, node: str, severity: Severity, message: str, **evidence: object) -> None:
+        self.store.add_event(
+            node=node,
+            at=dt.datetime.now(dt.UTC),
+            kind=EVENT_KIND,
+            severity=severity,
+            source="spares",
+            message=message,
+            target=f"job:{evidence['job_id']}" if evidence.get("job_id") else "",
+            evidence=dict(evidence),
+        )
+
+    # ---- hand-over -----------------------------------------------------------------------
+
+    def hand_over(self, job_id: str, slurm_restarts: int) -> HandOver:
+        """A spare for job `job_id`, requeued by Medic off this node, if the decision core
+        says so. Never raises SlurmError: a failed hand-over leaves the job to the queue."""
+        key = spare_key(job_id, slurm_restarts)
+        try:
+            decision, user, old = self._decide(job_id, key)
+        except SlurmError as exc:
+            return HandOver(job_id, "", f"not handed: Slurm: {exc}")
+        if not decision.node:
+            return HandOver(job_id, "", decision.why)
+        spare, name = decision.node, job_reservation(job_id)
+        evidence = {"job_id": job_id, "key": key, "spare": spare, "reservation": name}
+        # The intent first: answered again after a crash, this job gets no second spare.
+        self._event(spare, Severity.INFO, f"handing {spare} to job {job_id}", action=HANDING,
+                    **evidence)  # fmt: skip
+        try:
+            self._take_out_of_pool(spare)
+            self.slurm.create_reservation(
+                name,
+                spare,
+                self.settings.hold_days * 24 * 60,
+                user,
+                flags=("FLEX", f"PURGE_COMP={self.settings.purge_after}"),
+            )
+            self.slurm.move_job(job_id, name)
+        except SlurmError as exc:
+            self._event(spare, Severity.WARN, f"hand-over of {spare} to job {job_id} failed:"
+                        f" {exc}", action=FAILED, **evidence)  # fmt: skip
+            return HandOver(job_id, "", f"not handed: {exc}", name)
+        why = f"{decision.why} (job {job_id} was on {old or '?'})"
+        self._event(spare, Severity.WARN, f"spare {spare} handed to job {job_id}: {why}",
+                    action=HANDED, **evidence)  # fmt: skip
+        return HandOver(job_id, spare, why, name)
+
+    def _decide(self, job_id: str, key: str) -> tuple[SpareDecision, str, str]:
+        handed = self.handed_keys()
+        if self.settings.size <= 0 or key in handed:
+            return decide_spare(key, [], 0, handed, size=self.settings.size), "", ""
+        jobs = self.slurm.jobs([job_id])
+        user = jobs[0].user if jobs else ""
+        old = jobs[0].nodes if jobs else ""
+        try:
+            was_on = set(expand_hostlist(old)) if old else set()
+        except ValueError:
+            was_on = set()
+        reservations = self.slurm.reservations()
+        pool_names = set(reservations.get(self.settings.reservation, ()))
+        reserved = {n for nodes in reservations.values() for n in nodes}
+        nodes = self.slurm.nodes()
+        pool = [n for n in nodes if n.name in pool_names]
+        free = sum(
+            1
+            for n in nodes
+            if n.name not in reserved
+            and n.name not in was_on
+            and n.name != self.node
+            and n.state == "IDLE"
+            and not n.drained
+            and not n.down
+        )
+        decision = decide_spare(key, pool, free, handed, size=self.settings.size)
+        if decision.node and not user:
+            return SpareDecision("", f"job {job_id} not found: not handed"), "", old
+        return decision, user, old
+
+    def _take_out_of_pool(self, spare: str) -> None:
+        name = self.settings.reservation
+        rest = [n for n in self.slurm.reservations().get(name, ()) if n != spare]
+        if rest:
+            self.slurm.set_reservation_nodes(name, rest)
+        else:
+            self.slurm.delete_reservation(name)
+
+    # ---- refill --------------------------------------------------------------------------
+
+    def wants(self, node: str) -> str:
+        """Why `node` may not join the pool now ("" if it may): pool off, not listed,
+        already in, or the pool is full."""
+        if self.settings.size <= 0:
+            return "no spare pool"
+        if self.settings.nodes and node not in self.settings.nodes:
+            return "not listed in [remediation.spares] nodes"
+        held = self.slurm.reservations()
+        pool = held.get(self.settings.reservation, ())
+        if node in pool:
+            return "already a spare"
+        if any(node in nodes for nodes in held.values()):
+            return "in another reservation"
+        if len(pool) >= self.settings.size:
+            return f"the pool is full ({len(pool)}/{self.settings.size})"
+        return ""
+
+    def join(self, node: str, deep: Callable[[], Sequence[Finding]]) -> str:
+        """`node` joins the pool if the pool wants it and it passes the deep tier (`deep`);
+        then Medic's drain on it is lifted (inside the reservation). "" when it did not
+        join: the caller gives the node back as usual."""
+        why = self.wants(node)
+        if why:
+            return ""
+        blocking = [f for f in deep() if f.status in (Status.CRITICAL, Status.UNKNOWN)]
+        if blocking:
+            first = blocking[0]
+            self._event(node, Severity.WARN, f"{node} not taken as a spare: deep tier"
+                        f" {first.status.value}: {first.check} {first.message}",
+                        action="refused", check=first.check)  # fmt: skip
+            return ""
+        name = self.settings.reservation
+        pool = list(self.slurm.reservations().get(name, ()))
+        if pool:
+            self.slurm.set_reservation_nodes(name, [*pool, node])
+        else:
+            self.slurm.create_reservation(name, node, self.settings.hold_days * 24 * 60, _user())
+        outcome = resume_if_medic(self.slurm, node).value
+        self._event(node, Severity.INFO, f"{node} joined the spare pool {name} after the deep"
+                    f" tier ({len(pool) + 1}/{self.settings.size}); {outcome}", action=JOINED,
+                    pool=[*pool, node])  # fmt: skip
+        return f"joined the spare pool {name}; {outcome}"
+
+
+def idle_in_service(node: NodeInfo | None) -> bool:
+    return node is not None and node.state == "IDLE" and not node.drained and not node.down

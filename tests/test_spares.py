@@ -1,0 +1,344 @@
+"""Hot spares as unit tests: the pure decision (remediation.decide.decide_spare), the
+reservation parser, and `SparePool` on a real SQLite store with a fake Slurm that keeps
+nodes, jobs and reservations in memory and records every command (the lab proof is
+tests/test_spares_lab.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from medic_core.settings import SpareSettings
+from medic_core.slurm import JobInfo, NodeInfo, SlurmError
+from medic_core.status import Status
+from medic_core.store import Severity, Store, open_store
+from medic_core.vocabulary import Finding, Recommendation
+from remediation.decide import decide_spare, spare_key
+from remediation.spares import (
+    FAILED,
+    HANDED,
+    HANDING,
+    JOINED,
+    SparePool,
+    job_reservation,
+    parse_reservations,
+)
+
+
+def node(name: str, state: str = "IDLE", *flags: str, reason: str = "") -> NodeInfo:
+    return NodeInfo(name, state, frozenset(flags), reason=reason, partitions=("gpu",))
+
+
+# --- the decision -----------------------------------------------------------------------------
+
+
+def test_no_pool_no_spare() -> None:
+    got = decide_spare("job:1:run0", [node("n5")], 0, set(), size=0)
+    assert got.node == "" and "size = 0" in got.why
+
+
+def test_a_free_healthy_node_leaves_the_job_to_the_queue() -> None:
+    got = decide_spare("job:1:run0", [node("n5")], 1, set(), size=1)
+    assert got.node == "" and "free" in got.why
+
+
+def test_one_spare_per_job_run() -> None:
+    key = spare_key("7", 0)
+    assert decide_spare(key, [node("n5")], 0, set(), size=1).node == "n5"
+    again = decide_spare(key, [node("n5"), node("n6")], 0, {key}, size=2)
+    assert again.node == "" and "already" in again.why
+    # The run after a requeue is another: a fault there may take another spare.
+    assert decide_spare(spare_key("7", 1), [node("n6")], 0, {key}, size=2).node == "n6"
+
+
+def test_a_spare_that_failed_meanwhile_is_never_handed() -> None:
+    pool = [
+        node("n2", "IDLE", "DRAIN", reason="medic: gpu.xid.79 gpu0"),
+        node("n3", "DOWN"),
+        node("n4", "ALLOCATED"),
+        node("n10"),
+        node("n9"),
+    ]
+    got = decide_spare("job:1:run0", pool, 0, set(), size=5)
+    assert got.node == "n9"  # natural order: n9 before n10
+    none = decide_spare("job:1:run0", pool[:3], 0, set(), size=5)
+    assert none.node == "" and "no idle spare" in none.why
+
+
+STATES = st.sampled_from(["IDLE", "ALLOCATED", "MIXED", "DOWN"])
+FLAGS = st.frozensets(st.sampled_from(["DRAIN", "RESERVED", "NOT_RESPONDING"]), max_size=2)
+POOLS = st.lists(
+    st.builds(lambda i, s, f: NodeInfo(f"n{i}", s, f), st.integers(0, 40), STATES, FLAGS),
+    max_size=6,
+)
+
+
+@given(POOLS, st.integers(0, 3), st.booleans(), st.integers(0, 3))
+def test_decision_invariants(pool: list[NodeInfo], free: int, handed: bool, size: int) -> None:
+    key = "job:9:run0"
+    got = decide_spare(key, pool, free, {key} if handed else set(), size=size)
+    if got.node:
+        chosen = next(n for n in pool if n.name == got.node)
+        assert chosen.state == "IDLE" and not chosen.drained
+        assert size > 0 and free == 0 and not handed
+    else:
+        assert got.why
+
+
+# --- the reservation table --------------------------------------------------------------------
+
+# `scontrol -o show reservation` on the lab's Slurm 22.05 (one reservation a line).
+SHOWN = (
+    "ReservationName=medic-spares StartTime=1795561200 EndTime=1798153200 Duration=30-00:00:00"
+    " Nodes=n[4-5] NodeCnt=2 CoreCnt=32 Features=(null) PartitionName=(null) Flags=SPEC_NODES"
+    " TRES=cpu=32 Users=root Groups=(null) Accounts=(null) Licenses=(null) State=ACTIVE"
+    " BurstBuffer=(null) Watts=n/a MaxStartDelay=(null)\n"
+    "ReservationName=medic-spare-4 StartTime=1795561201 EndTime=1798153201"
+    " Duration=30-00:00:00 Nodes=n1 NodeCnt=1 CoreCnt=16 Features=(null)"
+    " PartitionName=(null) Flags=FLEX,SPEC_NODES,PURGE_COMP=00:01:00 TRES=cpu=16 Users=alice"
+    " Groups=(null) Accounts=(null) Licenses=(null) State=ACTIVE BurstBuffer=(null)"
+    " Watts=n/a MaxStartDelay=(null)\n"
+)
+
+
+def test_reservations_parse() -> None:
+    assert parse_reservations(SHOWN) == {
+        "medic-spares": ("n4", "n5"),
+        "medic-spare-4": ("n1",),
+    }
+    assert parse_reservations("No reservations in the system\n") == {}
+    bad = "ReservationName=x Nodes=n[1-99999999999] State=ACTIVE"
+    assert parse_reservations(bad) == {"x": ()}  # a host list Medic cannot read: no nodes
+
+
+# --- the pool's actions -------------------------------------------------------------------------
+
+
+class FakeSlurm:
+    """Nodes, jobs and reservations in memory; every write recorded in `calls`."""
+
+    def __init__(self, nodes: Sequence[NodeInfo], jobs: Sequence[JobInfo] = ()) -> None:
+        self.table = {n.name: n for n in nodes}
+        self.job_table = {j.job_id: j for j in jobs}
+        self.held: dict[str, tuple[str, ...]] = {}
+        self.calls: list[tuple[str, ...]] = []
+        self.fail: set[str] = set()
+
+    def _call(self, *call: str) -> None:
+        self.calls.append(call)
+        if call[0] in self.fail:
+            raise SlurmError(f"{call[0]}: Requested nodes are busy")
+
+    def nodes(self) -> list[NodeInfo]:
+        return list(self.table.values())
+
+    def node(self, name: str) -> NodeInfo | None:
+        return self.table.get(name)
+
+    def jobs(self, ids: Sequence[str] | None = None) -> list[JobInfo]:
+        return [j for j in self.job_table.values() if ids is None or j.job_id in ids]
+
+    def reservations(self) -> dict[str, tuple[str, ...]]:
+        return dict(self.held)
+
+    def create_reservation(
+        self, name: str, node: str, minutes: int, user: str, flags: Sequence[str] = ()
+    ) -> None:
+        self._call("create", name, node, user, ",".join(flags))
+        self.held[name] = (node,)
+
+    def set_reservation_nodes(self, name: str, nodes: Sequence[str]) -> None:
+        self._call("set", name, ",".join(nodes))
+        self.held[name] = tuple(nodes)
+
+    def delete_reservation(self, name: str) -> bool:
+        self._call("delete", name)
+        return self.held.pop(name, None) is not None
+
+    def move_job(self, job_id: str, reservation: str) -> None:
+        self._call("move", job_id, reservation)
+
+    def resume(self, name: str) -> None:
+        self._call("resume", name)
+        old = self.table[name]
+        self.table[name] = NodeInfo(name, old.state, old.flags - {"DRAIN"})
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with open_store(f"sqlite:///{tmp_path / 'medic.db'}") as opened:
+        yield opened
+
+
+def job(job_id: str = "4", nodes: str = "n1", user: str = "alice") -> JobInfo:
+    return JobInfo(job_id, "train", user, "PENDING", "BeginTime", nodes, True, 1)
+
+
+def busy_lab() -> FakeSlurm:
+    """n1 drained by Medic under the requeued job 4, n2-n3 busy, n5 the pool's spare."""
+    slurm = FakeSlurm(
+        [
+            node("n1", "IDLE", "DRAIN", reason="medic: gpu.xid.79 gpu0"),
+            node("n2", "ALLOCATED"),
+            node("n3", "ALLOCATED"),
+            node("n5", "IDLE", "RESERVED"),
+        ],
+        [job()],
+    )
+    slurm.held["medic-spares"] = ("n5",)
+    return slurm
+
+
+def pool(slurm: FakeSlurm, store: Store, at: str = "n1", **settings: object) -> SparePool:
+    chosen = SpareSettings(**{"size": 1, **settings})  # type: ignore[arg-type]
+    return SparePool(chosen, slurm, store, at)  # type: ignore[arg-type]
+
+
+def spare_events(store: Store) -> list[str]:
+    return [str(e.evidence.get("action")) for e in reversed(store.events(kind="spare"))]
+
+
+def test_hand_over_takes_the_spare_out_of_the_pool_into_the_jobs_reservation(
+    store: Store,
+) -> None:
+    slurm = busy_lab()
+    handed = pool(slurm, store).hand_over("4", 0)
+    assert (handed.node, handed.reservation) == ("n5", job_reservation("4"))
+    assert slurm.calls == [
+        ("delete", "medic-spares"),  # its last spare: the pool's reservation goes
+        ("create", "medic-spare-4", "n5", "alice", "FLEX,PURGE_COMP=60"),
+        ("move", "4", "medic-spare-4"),
+    ]
+    assert spare_events(store) == [HANDING, HANDED]
+    [done] = [e for e in store.events(kind="spare") if e.evidence["action"] == HANDED]
+    assert (done.node, done.target, done.evidence["key"]) == ("n5", "job:4", "job:4:run0")
+
+
+def test_a_pool_of_two_keeps_its_other_spare(store: Store) -> None:
+    slurm = busy_lab()
+    slurm.table["n6"] = node("n6", "IDLE", "RESERVED")
+    slurm.held["medic-spares"] = ("n5", "n6")
+    assert pool(slurm, store, size=2).hand_over("4", 0).node == "n5"
+    assert slurm.calls[0] == ("set", "medic-spares", "n6")
+
+
+def test_a_crash_and_the_same_fault_answered_again_hand_no_second_spare(store: Store) -> None:
+    slurm = busy_lab()
+    slurm.table["n6"] = node("n6", "IDLE", "RESERVED")
+    slurm.held["medic-spares"] = ("n5", "n6")
+    # The daemon recorded the intent, then died before Slurm did anything.
+    first = pool(slurm, store, size=2)
+    first._event("n5", Severity.INFO, "handing", action=HANDING, job_id="4",
+                 key=spare_key("4", 0), spare="n5")  # fmt: skip
+    again = pool(slurm, store, size=2).hand_over("4", 0)
+    assert again.node == "" and "already" in again.why
+    # The job's other node answering the same fault: nothing either.
+    assert pool(slurm, store, at="n2", size=2).hand_over("4", 0).node == ""
+    assert slurm.calls == []
+
+
+def test_a_free_node_means_no_spare(store: Store) -> None:
+    slurm = busy_lab()
+    slurm.table["n3"] = node("n3")  # idle, in service, in no reservation
+    got = pool(slurm, store).hand_over("4", 0)
+    assert got.node == "" and "free" in got.why
+    assert slurm.calls == [] and spare_events(store) == []
+
+
+def test_the_jobs_own_nodes_and_reserved_nodes_are_not_free(store: Store) -> None:
+    slurm = busy_lab()
+    slurm.job_table["4"] = job(nodes="n[1,3]")
+    slurm.table["n3"] = node("n3")  # the job's other node, idle after the requeue
+    slurm.table["n7"] = node("n7", "IDLE", "RESERVED")
+    slurm.held["someone-else"] = ("n7",)
+    assert pool(slurm, store).hand_over("4", 0).node == "n5"
+
+
+def test_slurm_refusing_leaves_the_job_to_the_queue_and_is_recorded(store: Store) -> None:
+    slurm = busy_lab()
+    slurm.fail.add("create")
+    got = pool(slurm, store).hand_over("4", 0)
+    assert got.node == "" and "busy" in got.why
+    assert spare_events(store) == [HANDING, FAILED]
+    assert ("move", "4", "medic-spare-4") not in slurm.calls
+    # Capped: the failed hand-over is not tried again for the same run.
+    assert pool(slurm, store).hand_over("4", 0).node == ""
+
+
+def test_a_job_gone_meanwhile_gets_nothing(store: Store) -> None:
+    slurm = busy_lab()
+    slurm.job_table.clear()
+    got = pool(slurm, store).hand_over("4", 0)
+    assert got.node == "" and "not found" in got.why and slurm.calls == []
+
+
+# --- refilling the pool -----------------------------------------------------------------------
+
+DEEP_PASS = [Finding("deep_dcgm", Status.OK, "", "", "diag passed", Recommendation.NONE)]
+DEEP_FAIL = [Finding("deep_dcgm", Status.CRITICAL, "gpu.dcgm", "2", "diag failed")]
+
+
+def test_a_repaired_node_joins_a_short_pool_after_the_deep_tier(store: Store) -> None:
+    slurm = busy_lab()
+    del slurm.held["medic-spares"]  # handed away: the pool is empty
+    ran: list[str] = []
+
+    def deep() -> list[Finding]:
+        ran.append("deep")
+        return DEEP_PASS
+
+    outcome = pool(slurm, store).join("n1", deep)
+    assert ran == ["deep"]
+    assert outcome.startswith("joined the spare pool medic-spares")
+    # Into the reservation first, Medic's drain lifted after: no job lands in between.
+    assert [c[0] for c in slurm.calls] == ["create", "resume"]
+    assert slurm.held["medic-spares"] == ("n1",)
+    assert spare_events(store) == [JOINED]
+
+
+def test_a_node_failing_the_deep_tier_does_not_join(store: Store) -> None:
+    slurm = busy_lab()
+    del slurm.held["medic-spares"]
+    assert pool(slurm, store).join("n1", lambda: DEEP_FAIL) == ""
+    assert slurm.calls == [] and spare_events(store) == ["refused"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ({"size": 0}, "no spare pool"),
+        ({"size": 1, "nodes": ("n9",)}, "not listed"),
+        ({"size": 1}, "the pool is full"),
+    ],
+)
+def test_the_pool_takes_only_what_it_wants(
+    store: Store, settings: dict[str, object], why: str
+) -> None:
+    slurm = busy_lab()
+    spares = pool(slurm, store, **settings)
+    assert why in spares.wants("n1")
+    assert spares.join("n1", lambda: pytest.fail("no deep tier for a node not wanted")) == ""
+    assert slurm.calls == []
+
+
+def test_a_node_already_in_a_reservation_is_not_taken(store: Store) -> None:
+    slurm = busy_lab()
+    slurm.held["maintenance"] = ("n1",)
+    assert pool(slurm, store, size=2).wants("n1") == "in another reservation"
+    assert pool(slurm, store, size=2).wants("n5") == "already a spare"
+
+
+def test_a_second_node_extends_the_pool(store: Store) -> None:
+    slurm = busy_lab()
+    assert pool(slurm, store, size=2).join("n1", lambda: DEEP_PASS)
+    assert slurm.calls[0] == ("set", "medic-spares", "n5,n1")
+
+
+def test_settings_refuse_a_bad_pool() -> None:
+    assert list(SpareSettings(size=2, nodes=("n5",)).problems())
+    assert list(SpareSettings(reservation="a b").problems())
+    assert not list(SpareSettings(size=1, nodes=("n5",)).problems())
