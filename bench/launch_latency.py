@@ -37,6 +37,7 @@ from typing import Any
 
 import psutil
 
+from bench.stats import interval, quantile
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import LabSpec
 from healthd.api import ask
@@ -44,18 +45,6 @@ from medic_core import proc
 from medic_core.store import open_store
 
 FORMS = ("hook", "prolog", "bare")
-BOOTSTRAP = 1000
-
-
-def quantile(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def interval(values: list[float], q: float, rng: random.Random) -> list[float]:
-    """95 % bootstrap interval of the q-quantile."""
-    n = len(values)
-    estimates = sorted(quantile(sorted(rng.choices(values, k=n)), q) for _ in range(BOOTSTRAP))
-    return [round(quantile(estimates, 0.025), 3), round(quantile(estimates, 0.975), 3)]
 
 
 def summary(times: list[float], sizes: list[int], rng: random.Random) -> dict[str, Any]:

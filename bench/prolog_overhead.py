@@ -1,48 +1,38 @@
-"""What Medic's Prolog and Epilog add to a job: `srun -N1 true` timed end to end, --calls
-times each with Prolog and Epilog, with the Prolog only, and with neither, each with and
-without PrologFlags=Alloc (slurm.conf rewritten and `scontrol reconfigure` between them), on
-the same one-node lab with medic-healthd answering the prolog from fresh results.
+"""What Medic's Prolog and Epilog add to a job start: `srun -N1 true` timed end to end as a
+user runs it, on a one-node lab with medic-healthd answering the prolog from fresh results.
 
-Prints one JSON object. Run: .venv/bin/python -m bench.prolog_overhead --calls 200
+Six configurations: no hooks, the Prolog only, Prolog and Epilog, each with and without
+PrologFlags=Alloc (slurm.conf rewritten and `scontrol reconfigure` between them). They are
+interleaved: every round runs a block of --block calls of each, in a new random order, so a
+drift of the machine's speed falls on all of them alike. What a hook set adds is computed
+pair by pair (the k-th call of a block against the k-th call of the same round's no-hooks
+block under the same flags), and its quantiles carry 95 % bootstrap intervals; p99 is given
+only with at least 1,000 pairs. The load average is recorded at every round.
+
+Prints one JSON object. Run: .venv/bin/python -m bench.prolog_overhead --calls 1000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
+import random
 import tempfile
 import time
 from pathlib import Path
 
+from bench.stats import described
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import LabSpec
 
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def time_srun(lab: Lab, calls: int) -> list[float]:
-    lab.slurm(["srun", "-N1", "true"], timeout=60)  # warm-up
-    times = []
-    for _ in range(calls):
-        started = time.perf_counter()
-        lab.slurm(["srun", "-N1", "true"], timeout=60)
-        times.append((time.perf_counter() - started) * 1000)
-    return times
-
-
-def summary(times: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": round(statistics.median(times), 1),
-        "p90_ms": round(percentile(times, 0.9), 1),
-        "p99_ms": round(percentile(times, 0.99), 1),
-    }
-
-
 HOOK_LINES = ("Prolog=", "Epilog=", "PrologFlags=")
+HOOK_SETS: dict[str, tuple[str, ...]] = {
+    "no_hooks": (),
+    "prolog": ("Prolog=",),
+    "prolog_epilog": ("Prolog=", "Epilog="),
+}
+FLAGS = ("alloc", "no_alloc")
 
 
 def reconfigure(lab: Lab, original: str, hooks: tuple[str, ...], alloc: bool) -> None:
@@ -56,47 +46,70 @@ def reconfigure(lab: Lab, original: str, hooks: tuple[str, ...], alloc: bool) ->
     lab.slurm(["scontrol", "reconfigure"])
 
 
-def added(with_hooks: dict[str, float], bare: dict[str, float]) -> dict[str, float]:
-    return {k.replace("_ms", "_added_ms"): round(with_hooks[k] - bare[k], 1) for k in bare}
+def time_srun(lab: Lab, calls: int) -> list[float]:
+    lab.slurm(["srun", "-N1", "true"], timeout=60)  # the first after a reconfigure: not timed
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        lab.slurm(["srun", "-N1", "true"], timeout=60)
+        times.append((time.perf_counter() - started) * 1000)
+    return times
 
 
-def overhead(calls: int) -> dict[str, object]:
-    """Each hook set against no hooks under the same PrologFlags: PrologFlags=Alloc has a
-    price of its own (srun polls the controller until the prolog is done: the first poll
-    comes 0.1 s later, whatever the prolog), which any prolog run at allocation pays."""
-    runs: dict[str, dict[str, float]] = {}
+def overhead(calls: int, block: int, seed: int) -> dict[str, object]:
+    rng = random.Random(seed)
+    configs = [(flags, name) for flags in FLAGS for name in HOOK_SETS]
+    times: dict[str, list[float]] = {f"{f}.{n}": [] for f, n in configs}
+    added: dict[str, list[float]] = {f"{f}.{n}": [] for f, n in configs if n != "no_hooks"}
+    alloc_itself: list[float] = []
+    loads: list[float] = []
     with tempfile.TemporaryDirectory(prefix="medic-bench-") as tmp:
         lab = Lab(Path(tmp))
         lab.up(LabSpec(nodes=1))
         try:
             lab.start_healthd("n1")
             original = lab.layout.slurm_conf.read_text()
-            for alloc in (True, False):
-                flags = "alloc" if alloc else "no_alloc"
-                for name, hooks in (
-                    ("no_hooks", ()),
-                    ("prolog", ("Prolog=",)),
-                    ("prolog_epilog", ("Prolog=", "Epilog=")),
-                ):
-                    reconfigure(lab, original, hooks, alloc)
-                    runs[f"{flags}.{name}"] = summary(time_srun(lab, calls))
+            for _ in range((calls + block - 1) // block):
+                order = configs[:]
+                rng.shuffle(order)
+                got: dict[str, list[float]] = {}
+                for flags, name in order:
+                    reconfigure(lab, original, HOOK_SETS[name], flags == "alloc")
+                    got[f"{flags}.{name}"] = time_srun(lab, block)
+                loads.append(os.getloadavg()[0])
+                for key, values in got.items():
+                    times[key] += values
+                    flags, name = key.split(".")
+                    if name != "no_hooks":
+                        bare = got[f"{flags}.no_hooks"]
+                        added[key] += [a - b for a, b in zip(values, bare, strict=True)]
+                alloc_itself += [
+                    a - b
+                    for a, b in zip(got["alloc.no_hooks"], got["no_alloc.no_hooks"], strict=True)
+                ]
             lab.layout.slurm_conf.write_text(original)
+            lab.slurm(["scontrol", "reconfigure"])
         finally:
             lab.down()
-    result: dict[str, object] = {"benchmark": "prolog_overhead", "calls": calls, "runs": runs}
-    for flags in ("alloc", "no_alloc"):
-        bare = runs[f"{flags}.no_hooks"]
-        result[f"{flags}.prolog"] = added(runs[f"{flags}.prolog"], bare)
-        result[f"{flags}.prolog_epilog"] = added(runs[f"{flags}.prolog_epilog"], bare)
-    result["alloc_flag_itself"] = added(runs["alloc.no_hooks"], runs["no_alloc.no_hooks"])
-    return result
+    return {
+        "benchmark": "prolog_overhead",
+        "method": "interleaved blocks, added per pair, 95 % bootstrap intervals",
+        "calls": len(times["alloc.no_hooks"]),
+        "block": block,
+        "runs": {key: described(values, rng) for key, values in times.items()},
+        "added": {key: described(values, rng) for key, values in added.items()},
+        "alloc_flag_itself": described(alloc_itself, rng),
+        "load_avg_1m": [round(min(loads), 2), round(max(loads), 2)],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--calls", type=int, default=1000, help="per configuration")
+    parser.add_argument("--block", type=int, default=50, help="calls per configuration a round")
+    parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    print(json.dumps(overhead(args.calls)))
+    print(json.dumps(overhead(args.calls, args.block, args.seed)))
 
 
 if __name__ == "__main__":
