@@ -301,9 +301,10 @@ def measure(plan: Sequence[tuple[str, str]], html: Path | None) -> dict[str, Any
         try:
             work = Path(tmp) / "work"
             work.mkdir()
-            conf = day_config(lab, Path(tmp) / "medic.toml")
+            # The lab's own medic.toml: a simulated reboot restarts the node's daemon with it.
+            day_config(lab, lab.layout.medic_conf)
             for name in lab.node_names():
-                lab.start_healthd(name, config=conf)
+                lab.start_healthd(name)
             faults = run_day(lab, work, plan)
             jobs = {f["job_id"]: f["job"] for f in faults}
             report = report_json(lab, started, jobs, work)

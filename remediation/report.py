@@ -357,11 +357,19 @@ def _first_after(times: Sequence[dt.datetime], after: dt.datetime) -> dt.datetim
 
 
 def _run_started(
-    gates: Sequence[dt.datetime], known: dt.datetime, acted: dt.datetime
+    gates: Sequence[dt.datetime],
+    nodes: Sequence[str],
+    known: dt.datetime,
+    acted: dt.datetime,
+    node: str,
 ) -> dt.datetime | None:
-    """When the run a fault ended started: its last gate before the requeue (less the skew
-    tolerance: a gate just before it is read as the next run on a node whose clock is
-    behind), or the job's first gate when that is all there is before the fault."""
+    """When the run a fault ended started: the last gate on the fault's node when Medic knew
+    (that run was on it; a gate on another node may be the next run's, on a clock behind).
+    Without gate nodes: the last gate before the requeue less the skew tolerance, or the
+    job's first gate when that is all there is before the fault."""
+    on_node = [g for g, n in zip(gates, nodes, strict=False) if n == node and g <= known]
+    if on_node:
+        return on_node[-1]
     earlier = [g for g in gates if g < acted - SKEW_TOLERANCE]
     if earlier:
         return earlier[-1]
@@ -390,6 +398,7 @@ def interruptions_of(
     resumes: Sequence[CheckpointMark],
     commits: Sequence[CheckpointMark],
     faults_by_node: Mapping[str, Sequence[FaultSeen]],
+    gate_nodes: Sequence[str] = (),
 ) -> list[Interruption]:
     """One job's interruptions. `actions` are its interrupting job actions, `gates` the
     times the prolog allowed it, `resumes` and `commits` its checkpoint marks: all oldest
@@ -411,7 +420,7 @@ def interruptions_of(
             if last.outcome != REQUEUED and action.action == REQUEUED:
                 retried = _interruption(
                     job_id, action, last.known_at, last.fault_at, gates, resumes, commits,
-                    have_checkpoints,
+                    have_checkpoints, gate_nodes,
                 )  # fmt: skip
                 last = replace(retried, node=last.node, fault_class=last.fault_class)
             out[-1] = replace(last, also=also)
@@ -420,11 +429,11 @@ def interruptions_of(
         knowns = [t for t in (fault.at if fault else None, action.known_at) if t is not None]
         known = min(knowns, default=action.at)
         fault_at = (fault.fault_at if fault else None) or action.fault_at
-        out.append(
-            _interruption(
-                job_id, action, known, fault_at, gates, resumes, commits, have_checkpoints
-            )
-        )
+        found = _interruption(
+            job_id, action, known, fault_at, gates, resumes, commits, have_checkpoints,
+            gate_nodes,
+        )  # fmt: skip
+        out.append(found)
     return out
 
 
@@ -437,15 +446,21 @@ def _interruption(
     resumes: Sequence[CheckpointMark],
     commits: Sequence[CheckpointMark],
     have_checkpoints: bool,
+    gate_nodes: Sequence[str] = (),
 ) -> Interruption:
-    run_started = _run_started(gates, known, action.at)
+    run_started = _run_started(gates, gate_nodes, known, action.at, action.node)
+    # The next run: a gate after Medic knew (a gate up to SKEW_TOLERANCE before the requeue
+    # counts, on a node whose clock is behind), past the ended run's own burst of prologs
+    # but never past the requeue (a fault in the run's first seconds).
     floor = action.at - SKEW_TOLERANCE
-    if run_started is not None:  # the run's own burst of prologs, but never past the requeue:
-        floor = max(floor, min(run_started + RUN_BURST, action.at))  # a fault in its first 10 s
+    if run_started is not None:
+        floor = max(floor, min(run_started + RUN_BURST, action.at))
     running = _first_after(gates, floor) if action.action == REQUEUED else None
     resumed = None
-    if running is not None:
-        resumed = _first_after([r.at for r in resumes], running - SKEW_TOLERANCE)
+    if running is not None:  # not the ended run's own resume mark (before Medic knew)
+        own = [i for i, r in enumerate(resumes) if r.at <= known]
+        later = resumes[own[-1] + 1 :] if own else resumes
+        resumed = _first_after([r.at for r in later], running - SKEW_TOLERANCE)
     points, skewed = _monotone([fault_at, known, action.at, running, resumed])
     p_fault, p_known, p_isolated, p_running, p_resumed = points
     assert p_known is not None and p_isolated is not None
@@ -557,9 +572,11 @@ def build_report(data: ReportInput) -> Report:
     for f in sorted(data.faults, key=lambda f: f.at):
         faults_by_node[f.node].append(f)
     gates: dict[str, list[dt.datetime]] = defaultdict(list)
+    gate_nodes: dict[str, list[str]] = defaultdict(list)
     for s in sorted(data.starts, key=lambda s: s.at):
         if s.allowed:
             gates[s.job_id].append(s.at)
+            gate_nodes[s.job_id].append(s.node)
     ends: dict[str, list[dt.datetime]] = defaultdict(list)
     for e in data.ends:
         ends[e.job_id].append(e.at)
@@ -581,6 +598,7 @@ def build_report(data: ReportInput) -> Report:
             resumes[job_id],
             commits[job_id],
             faults_by_node,
+            gate_nodes[job_id],
         )
         job_gates = [g for g in gates[job_id] if _in_window(g, since, until)]
         job_ends = [e for e in ends[job_id] if _in_window(e, since, until)]

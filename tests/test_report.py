@@ -359,3 +359,32 @@ def test_a_fault_in_the_runs_first_seconds_is_still_followed_by_its_next_run() -
     assert (first.fault_at, first.known_at, first.running_at) == (at(2.0), at(2.01), at(5))
     assert first.detection_s == pytest.approx(0.01) and first.wall_s == pytest.approx(3.0)
     assert (second.node, second.running_at, second.also) == ("n2", at(23), ())
+
+
+def test_faults_seconds_apart_each_find_their_own_next_run_and_resume() -> None:
+    """Found by the scripted day: a run that started 12 s before its fault had its own gate
+    (within the 60 s skew tolerance of the requeue) and its own resume mark taken for the
+    next run's, so scheduling and restart read 0. The ended run is the one on the fault's
+    node when Medic knew; its resume mark came before that."""
+    gates = [("n4", 0), ("n3", 33), ("n5", 48)]
+    report = rp.build_report(
+        data(
+            actions=[
+                rp.JobAction("7", "n4", at(30.1), "requeued", "gpu.xid.79", at(30.05), at(30)),
+                rp.JobAction("7", "n3", at(45.1), "requeued", "gpu.xid.95", at(45.05), at(45)),
+            ],
+            starts=[rp.JobStart("7", node, at(s), True) for node, s in gates],
+            checkpoints=[
+                rp.CheckpointMark("7", at(20), "commit", 200),
+                rp.CheckpointMark("7", at(33.1), "resume", 200, 1),
+                rp.CheckpointMark("7", at(40), "commit", 260),
+                rp.CheckpointMark("7", at(48.1), "resume", 260, 2),
+            ],
+        )
+    )
+    first, second = report.jobs[0].interruptions
+    assert (first.running_at, first.resumed_at) == (at(33), at(33.1))
+    assert (second.running_at, second.resumed_at) == (at(48), at(48.1))
+    assert second.scheduling_s == pytest.approx(2.9) and second.restart_s == pytest.approx(0.1)
+    assert second.wall_s == pytest.approx(3.1) and not second.clock_skew
+    assert second.lost_work_s == pytest.approx(5.0)  # since the commit at 40
