@@ -89,7 +89,7 @@ def test_an_xid_on_gpu5_leaves_seven_gpus_schedulable(
     # Jobs start on n1 and are never given GPU 5's device file: Slurm's GPU index i on n1
     # is the i-th file of its gres.conf File= list (nvidia0-4, nvidia6, nvidia7).
     files = [0, 1, 2, 3, 4, 6, 7]
-    script = 'echo "CVD=$CUDA_VISIBLE_DEVICES"; sleep 60'
+    script = 'echo "CVD=$CUDA_VISIBLE_DEVICES JG=$SLURM_JOB_GPUS"; sleep 60'
     out = tmp_path / "seven.out"
     seven = lab.slurm(
         ["sbatch", "--parsable", "-w", "n1", "--gres=gpu:7", "-o", str(out), "--wrap", script]
@@ -97,9 +97,9 @@ def test_an_xid_on_gpu5_leaves_seven_gpus_schedulable(
     poll("the 7-GPU job's output", lambda: out.exists() and "CVD=" in out.read_text())
     assert job_fields(lab, seven)["NodeList"] == "n1"
     assert allocated_files(lab, seven, files) == files
-    # 22.05 numbers CUDA_VISIBLE_DEVICES by Slurm's index, 0-6: right only where task/cgroup
-    # (ConstrainDevices=yes) leaves the job these 7 device files (docs/remediation.md).
-    assert out.read_text().split("CVD=")[1].split()[0] == "0,1,2,3,4,5,6"
+    # 22.05 numbers CUDA_VISIBLE_DEVICES and SLURM_JOB_GPUS by Slurm's index, 0-6: right
+    # only where task/cgroup (ConstrainDevices=yes) leaves the job these 7 device files.
+    assert out.read_text().split()[:2] == ["CVD=0,1,2,3,4,5,6", "JG=0,1,2,3,4,5,6"]
     lab.slurm(["scancel", seven])
     poll("n1 idle", lambda: not slurm.jobs_on("n1"))
     four = lab.slurm(
