@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -308,9 +309,11 @@ def measure(plan: Sequence[tuple[str, str]], html: Path | None) -> dict[str, Any
             faults = run_day(lab, work, plan)
             jobs = {f["job_id"]: f["job"] for f in faults}
             report = report_json(lab, started, jobs, work)
-            if html is not None:
+            if html is not None:  # the page, and beside it the store and jobs it shows
                 argv = [*report_argv(lab, started, jobs, work), "--html", str(html)]
                 proc.run(argv, timeout=60, check=True)
+                shutil.copy(lab.layout.store_db, html.with_suffix(".db"))
+                shutil.copytree(work, html.with_suffix(".work"), dirs_exist_ok=True)
         finally:
             lab.down()
     rows = compare(faults, report)
@@ -332,7 +335,9 @@ def measure(plan: Sequence[tuple[str, str]], html: Path | None) -> dict[str, Any
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--short", action="store_true", help="three faults, not the day")
-    parser.add_argument("--html", type=Path, help="also write medic report's HTML page here")
+    parser.add_argument(
+        "--html", type=Path, help="also write the HTML page (and its store PATH.db, jobs PATH.work)"
+    )
     args = parser.parse_args()
     print(json.dumps(measure(SHORT if args.short else DAY, args.html)))
 
