@@ -48,6 +48,12 @@ HANDING, HANDED, FAILED, JOINED = "handing", "handed", "failed", "joined"
 HANDED_LOOKBACK = dt.timedelta(days=2)
 
 
+def slurm_duration(seconds: int) -> str:
+    """HH:MM:SS: Slurm reads a bare number in a reservation's flags as minutes (the lab's
+    22.05 shows PURGE_COMP=60 as 01:00:00)."""
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
 def job_reservation(job_id: str) -> str:
     return f"{JOB_RESERVATION_PREFIX}{job_id}"
 
@@ -149,7 +155,7 @@ class SparePool:
                 spare,
                 self.settings.hold_days * 24 * 60,
                 user,
-                flags=("FLEX", f"PURGE_COMP={self.settings.purge_after}"),
+                flags=("FLEX", f"PURGE_COMP={slurm_duration(self.settings.purge_after)}"),
             )
             self.slurm.move_job(job_id, name)
         except SlurmError as exc:

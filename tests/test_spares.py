@@ -210,7 +210,7 @@ def test_hand_over_takes_the_spare_out_of_the_pool_into_the_jobs_reservation(
     assert (handed.node, handed.reservation) == ("n5", job_reservation("4"))
     assert slurm.calls == [
         ("delete", "medic-spares"),  # its last spare: the pool's reservation goes
-        ("create", "medic-spare-4", "n5", "alice", "FLEX,PURGE_COMP=60"),
+        ("create", "medic-spare-4", "n5", "alice", "FLEX,PURGE_COMP=00:01:00"),
         ("move", "4", "medic-spare-4"),
     ]
     assert spare_events(store) == [HANDING, HANDED]
