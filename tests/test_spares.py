@@ -27,6 +27,8 @@ from remediation.spares import (
     job_reservation,
     parse_reservations,
 )
+from tests.test_ladder_unit import XID_95, World, template_db  # noqa: F401 (a fixture)
+from tests.test_ladder_unit import world as world  # the fixture
 
 
 def node(name: str, state: str = "IDLE", *flags: str, reason: str = "") -> NodeInfo:
@@ -342,3 +344,30 @@ def test_settings_refuse_a_bad_pool() -> None:
     assert list(SpareSettings(size=2, nodes=("n5",)).problems())
     assert list(SpareSettings(reservation="a b").problems())
     assert not list(SpareSettings(size=1, nodes=("n5",)).problems())
+
+
+# --- the ladder's give-back offers the node to the pool (tests/test_ladder_unit's world) ----
+
+
+def test_a_repaired_node_is_offered_to_the_pool_before_it_is_given_back(world: World) -> None:
+    offered: list[str] = []
+
+    def offer() -> str:
+        offered.append("n1")
+        world.slurm.resume("n1")  # what SparePool.join does, inside the reservation
+        return "joined the spare pool medic-spares; resumed"
+
+    world.fault("n1", XID_95)
+    world.daemon("n1").spares = offer
+    episode = world.run("n1")
+    assert episode.state == "resolved" and offered == ["n1"]
+    assert len(world.slurm.called("resume", "n1")) == 1  # the pool's, not a second one
+    said = [e.message for e in world.nodes["n1"].events]
+    assert any("joined the spare pool" in m for m in said), said
+
+
+def test_a_pool_that_does_not_take_the_node_leaves_the_usual_give_back(world: World) -> None:
+    world.fault("n1", XID_95)
+    world.daemon("n1").spares = lambda: ""
+    assert world.run("n1").state == "resolved"
+    assert len(world.slurm.called("resume", "n1")) == 1
