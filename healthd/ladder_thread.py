@@ -85,6 +85,7 @@ class LadderThread:
         self.hangs: HangWatch | None = None  # the progress watch (attach_ladder sets it)
         self.spares: Callable[[], SparePool] | None = None  # the pool (attach_ladder)
         self._fill_at = 0.0
+        self.burn_in: Any = None  # remediation.burn_in_runner.BurnInRunner (attach_ladder)
 
     def start(self) -> threading.Thread:
         """Also continues an episode a restart interrupted, and starts the progress watch."""
@@ -104,6 +105,12 @@ class LadderThread:
         """The ladder's own thread: repairs take minutes and must not hold up the checks."""
         failing = ""  # the failure every tick repeats (the store down): logged once
         while not self._stop.is_set():
+            if self.burn_in is not None:  # before the ladder: a node never burnt in stays out
+                try:
+                    with self.lock:
+                        self.burn_in.tick()
+                except Exception:
+                    log.exception("burn-in step failed")
             try:
                 with self.lock:
                     self.ladder.tick()
@@ -502,8 +509,21 @@ def attach_ladder(daemon: LadderDaemon) -> LadderThread:
     )
     thread = LadderThread(daemon, ladder, episodes, webhook, seen=seen)
     attach_spares(daemon, ladder, thread)
+    attach_burn_in(daemon, ladder, thread)
     thread.hangs = watch_hangs(daemon, thread)
     return thread
+
+
+def attach_burn_in(daemon: LadderDaemon, ladder: Ladder, thread: LadderThread) -> None:
+    """Burn-in (remediation.burn_in), `[remediation.burn_in]` read at every use."""
+    from medic_core.settings import BurnInSettings
+    from remediation.burn_in_runner import BurnInRunner
+
+    def settings() -> BurnInSettings:
+        return BurnInSettings.from_config(daemon.config)
+
+    ladder.burn_in = settings
+    thread.burn_in = BurnInRunner(ladder, settings)
 
 
 def attach_spares(daemon: LadderDaemon, ladder: Ladder, thread: LadderThread) -> None:

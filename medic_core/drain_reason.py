@@ -127,6 +127,17 @@ def claims_medic_prefix(reason: str) -> bool:
     return as_slurm_stores(reason).lstrip(" \t\n\"'").lower().startswith(PREFIX.strip())
 
 
+# The fault class of a burn-in drain (remediation/burn_in.py): a node not yet qualified, not
+# a fault. The drain cap neither holds it back nor counts it (docs/remediation.md).
+BURN_IN = "burn-in"
+
+
+def is_burn_in_reason(reason: str | None) -> bool:
+    """Medic's burn-in drain: `medic: burn-in <where> ...`."""
+    parsed = parse_reason(reason)
+    return parsed is not None and parsed.fault_class == BURN_IN
+
+
 def parse_reason(reason: str | None) -> MedicReason | None:
     """The parts of a Medic reason; None for anyone else's."""
     if not reason or not is_medic_reason(reason):

@@ -294,7 +294,7 @@ class RemediationSettings:
         table = {
             k: v
             for k, v in config.table("remediation").items()
-            if k not in ("webhook", "isolation", "spares")
+            if k not in ("webhook", "isolation", "spares", "burn_in")
         }
         return parse_table(cls, table, prefix="remediation", source=config.source)
 
@@ -382,6 +382,51 @@ class SpareSettings:
                 "write its keys under [remediation.spares]",
             )
         return parse_table(cls, table, prefix="remediation.spares", source=config.source)
+
+
+BURN_IN_RUNGS = ("gpu_reset", "reboot", "rma", "none")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BurnInSettings:
+    """The `[remediation.burn_in]` table: the deep checks a node passes before its first job
+    (remediation/burn_in.py). An empty list switches that reason off."""
+
+    new_node: tuple[str, ...] = setting(
+        ("deep_dcgm",), doc="checks a node never burnt in runs before its first job"
+    )
+    after_rma: tuple[str, ...] = setting(
+        ("deep_dcgm",), doc="checks a node back from RMA runs before it returns"
+    )
+    after_reboot: tuple[str, ...] = setting(
+        ("deep_dcgm",), doc="checks a node runs after the ladder's reboot rung"
+    )
+    failure_rung: str = setting(
+        "reboot",
+        choices=BURN_IN_RUNGS,
+        doc="where the ladder starts on a failed burn-in whose check names no rung",
+    )
+    max_attempts: int = setting(
+        3, minimum=1, doc="burn-in runs a daemon crash may interrupt before it counts failed"
+    )
+
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        for key in ("new_node", "after_rma", "after_reboot"):
+            if any(not name or name != name.strip() for name in getattr(self, key)):
+                yield key, "holds an empty or padded check name", 'e.g. ["deep_dcgm"]'
+
+    @classmethod
+    @per_config
+    def from_config(cls, config: MedicConfig) -> BurnInSettings:
+        table = config.table("remediation").get("burn_in", {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(
+                config.source,
+                "remediation.burn_in",
+                "is not a table",
+                "write its keys under [remediation.burn_in]",
+            )
+        return parse_table(cls, table, prefix="remediation.burn_in", source=config.source)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -586,6 +631,7 @@ def load_settings(config: MedicConfig) -> Settings:
 
     store_settings(config)
     IsolationSettings.from_config(config)  # validated here, read by remediation.isolator
+    BurnInSettings.from_config(config)  # validated here, read by remediation.burn_in
     return Settings(
         healthd=DaemonSettings.from_config(config),
         hooks=HookSettings.from_config(config),

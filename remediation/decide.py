@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from medic_core.drain_reason import format_reason
+from medic_core.drain_reason import format_reason, is_burn_in_reason
 from medic_core.settings import HookSettings
 from medic_core.slurm import NodeInfo
 from medic_core.status import Status
@@ -348,7 +348,8 @@ def cap_reason(
     """Why draining `node` would pass the drain cap in one of its partitions ("" if it
     would not). Medic's drains are counted from the reasons Slurm stores, the one truth
     every node can read whatever the store; `pending` adds nodes admitted a moment ago
-    whose drain Slurm does not show yet."""
+    whose drain Slurm does not show yet. A burn-in drain (a node not yet qualified, never
+    a fault) does not count."""
     me = next((n for n in nodes if n.name == node), None)
     if me is None:
         return ""
@@ -358,7 +359,10 @@ def cap_reason(
         ours = {
             n.name
             for n in members
-            if n.name != node and (n.drained or n.down) and n.reason.startswith("medic: ")
+            if n.name != node
+            and (n.drained or n.down)
+            and n.reason.startswith("medic: ")
+            and not is_burn_in_reason(n.reason)
         }
         ours |= {n.name for n in members if n.name in pending and n.name != node}
         if len(ours) >= cap:

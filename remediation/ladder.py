@@ -34,7 +34,7 @@ from medic_core.drain_reason import (
     is_medic_reason,
     parse_reason,
 )
-from medic_core.settings import RemediationSettings
+from medic_core.settings import BurnInSettings, RemediationSettings
 from medic_core.slurm import NodeInfo, SlurmClient, SlurmError
 from medic_core.status import Status
 from medic_core.vocabulary import Finding
@@ -118,6 +118,9 @@ class Ladder:
     # A short spare pool's offer for the node being given back: the text of what was done
     # (it joined), or "" (given back as usual). Set by the daemon (remediation.spares).
     spares: Callable[[], str] | None = None
+    # `[remediation.burn_in]`, read at each use (set by the daemon): the verification after a
+    # reboot rung, of a failed burn-in's episode and of a node back from RMA adds its checks.
+    burn_in: Callable[[], BurnInSettings] | None = None
 
     def __init__(
         self,
@@ -632,9 +635,11 @@ class Ladder:
         return self._reboot(self.store.update(episode.id, attempts=attempts))
 
     def _verify(self, episode: ep.Episode) -> ep.Episode:
-        findings = self.host.verify(self.settings.requalify_checks)
+        reason, burn_in = self._burn_in_checks(episode)
+        findings = self.host.verify((*self.settings.requalify_checks, *burn_in))
         blocking = [f for f in findings if f.status in (Status.CRITICAL, Status.UNKNOWN)]
         if not blocking:
+            self._burnt_in(reason, burn_in)
             return self._resolve(episode)
         if episode.rung == 0:  # a re-check (a link that may come back), no repair rung
             age = (self.store.now() - episode.opened_at).total_seconds()
@@ -665,7 +670,8 @@ class Ladder:
         if self.store.control().paused or now - self._last_requalify < REQUALIFY_RETRY:
             return None
         self._last_requalify = now
-        findings = self.host.verify(self.settings.requalify_checks)
+        burn_in = self.burn_in().after_rma if self.burn_in is not None else ()
+        findings = self.host.verify((*self.settings.requalify_checks, *burn_in))
         blocking = [f for f in findings if f.status in (Status.CRITICAL, Status.UNKNOWN)]
         rma = [e for e in self.store.find(node=self.node) if e.state == ep.RMA]
         last = rma[-1] if rma else None
@@ -689,6 +695,7 @@ class Ladder:
             except SlurmError as exc:
                 log.warning("%s: re-qualified, but Slurm failed: %s", self.node, exc)
                 return None
+        self._burnt_in("after_rma", burn_in)
         cleared = tickets.requalified(
             self.store.store, self.node, "medic-healthd", f"{len(findings)} checks passed"
         )
@@ -704,6 +711,24 @@ class Ladder:
             target="",
         )
         return None
+
+    def _burn_in_checks(self, episode: ep.Episode) -> tuple[str, tuple[str, ...]]:
+        """(reason, checks) of burn-in this verification adds (remediation.burn_in)."""
+        if self.burn_in is None:
+            return "", ()
+        from remediation.burn_in_runner import ladder_checks
+
+        rebooted = any(
+            s.action == Rung.REBOOT.word and not s.output.startswith(REFUSED)
+            for s in self.store.steps(episode.id)
+        )
+        return ladder_checks(self.burn_in(), self.store.store, self.node, episode.id, rebooted)
+
+    def _burnt_in(self, reason: str, checks: Sequence[str]) -> None:
+        if checks:
+            from remediation.burn_in_runner import record_pass
+
+            record_pass(self.store.store, self.node, reason, checks)
 
     def _escalate(self, episode: ep.Episode, why: str, *, skip: bool = False) -> ep.Episode:
         """`skip`: the rung does not apply (no attempt of it can help): the next one."""
