@@ -241,9 +241,11 @@ def compact(points: Sequence[Point], last: int = 6) -> list[list[float]]:
     return [[round(t), v if v != int(v) else int(v)] for t, v in points[-last:]]
 
 
-def describe(counter: str, points: Sequence[Any], rate: float | None) -> str:
+def describe(
+    counter: str, points: Sequence[Any], rate: float | None, label: str | None = None
+) -> str:
     """One line for `medic node show`: label, the last values, the rate."""
-    label = COUNTERS.get(counter, counter)
+    label = label or COUNTERS.get(counter, counter)
     values = " ".join(fmt(float(p[1])) for p in points)
     per_hour = "-" if rate is None else f"{fmt(rate)}/h"
     return f"{label}: {values or '-'} ({per_hour})"
