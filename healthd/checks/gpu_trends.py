@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any, Protocol
 
 from healthd.checks.base import (
@@ -253,7 +252,3 @@ def _judge_gpu(
         target=sample.target,
         evidence={**evidence, "rising": [c for c, _ in rising]},
     )
-
-
-def state_file(state_dir: Path) -> Path:
-    return state_dir / STATE_FILE
