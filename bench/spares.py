@@ -1,0 +1,147 @@
+"""Hot spares: a fault under a resilient job, from the fault to the job running again, on a
+lab whose other nodes are all busy (Medic hands it the spare n5) against the same fault on
+an idle lab (the queue places the job on any free node, no spare pool).
+
+Each run: a resilient one-node job runs on n1 (busy: n2-n4 hold exclusive jobs, n5 is the
+pool's spare, one more exclusive job waits in the queue); XID 95 is injected on n1's GPU 5
+at t0; "running again" is the job's own mark of its next run (written by its script, with
+the node it runs on), "pool refilled" is n1 back in the spare reservation after the ladder
+reset the GPU and the deep tier passed (busy runs only). The lab runs with cred_expire=10.
+
+Prints one JSON object. Run: .venv/bin/python -m bench.spares --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cli.lab.cluster import Lab, wait_for
+from cli.lab.slurm_conf import LabSpec
+
+POOL = "medic-spares"
+SPARE = "n5"
+VICTIM = "n1"
+BUSY = ("n2", "n3", "n4")
+
+
+def spares_config(lab: Lab, path: Path, *, size: int = 1) -> Path:
+    """The lab's medic.toml with a one-node pool: n5 to start with, n1 may refill it; the
+    deep tier a spare passes is the lab's DCGM diagnostic. Lemon and fleet rails aside:
+    the same fault on n1 run after run is what they stop."""
+    text = lab.layout.medic_conf.read_text()
+    rails = "[remediation]\nlemon_episodes = 1000\nfleet_signature_nodes = 1000\n"
+    text = text.replace("[remediation]\n", rails, 1)
+    if size:
+        text += (
+            f'\n[remediation.spares]\nsize = {size}\nnodes = ["{SPARE}", "{VICTIM}"]\n'
+            'checks = ["deep_dcgm"]\n'
+        )
+    path.write_text(text)
+    return path
+
+
+def pool(lab: Lab) -> list[str]:
+    out = lab.slurm(["scontrol", "-o", "show", "reservation", POOL], check=False)
+    if out.returncode != 0:
+        return []
+    nodes = next((w for w in out.stdout.split() if w.startswith("Nodes=")), "Nodes=")
+    hosts = lab.slurm(["scontrol", "show", "hostnames", nodes.removeprefix("Nodes=")])
+    return hosts.stdout.split()
+
+
+def submit(lab: Lab, *args: str) -> str:
+    out = lab.slurm(["sbatch", "--parsable", *args])
+    return out.stdout.strip().split(";")[0]
+
+
+def in_service(lab: Lab, name: str) -> bool:
+    found = next(n for n in lab.sinfo_nodes() if n["name"] == name)
+    return "DRAIN" not in found["state_flags"] and str(found["state"]).upper() != "DOWN"
+
+
+def one_run(lab: Lab, work: Path, busy: bool) -> dict[str, object]:
+    """One fault under a resilient job on n1; the figures of that run."""
+    work.mkdir(parents=True)
+    fillers = []
+    if busy:
+        wait_for("the spare in the pool", lambda: pool(lab) == [SPARE], 60, 0.1)
+        for name in BUSY:
+            fillers.append(submit(lab, "--exclusive", "-N1", "-w", name, "--wrap", "sleep 900"))
+    mark = f'echo "$SLURMD_NODENAME" > {work}/run-${{SLURM_RESTART_COUNT:-0}}'
+    job_id = submit(lab, "--resilient=3", "--exclusive", "-N1", "--wrap", f"{mark}; sleep 900")
+    wait_for("the job running", (work / "run-0").exists, 60, 0.02)
+    first = (work / "run-0").read_text().strip()
+    if busy:  # one more job waits for any node: without the spare's reservation it would win
+        fillers.append(submit(lab, "--exclusive", "-N1", "--wrap", "sleep 900"))
+    t0 = time.monotonic()
+    lab.inject(first, 5, ["xid=95"])
+    wait_for("the job running again", (work / "run-1").exists, 120, 0.02)
+    running = time.monotonic() - t0
+    second = (work / "run-1").read_text().strip()
+    figures: dict[str, object] = {"first": first, "again_on": second, "running_again_s": running}
+    if busy:
+        wait_for("the pool refilled", lambda: VICTIM in pool(lab), 180, 0.1)
+        figures["pool_refilled_s"] = time.monotonic() - t0
+    else:
+        wait_for("the node back", lambda: in_service(lab, first), 180, 0.1)
+    for job in [job_id, *fillers]:
+        lab.slurm(["scancel", job])
+    return figures
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "p50_s": round(statistics.median(values), 2),
+        "max_s": round(ordered[-1], 2),
+    }
+
+
+def measure(runs: int) -> dict[str, object]:
+    """The idle runs on one lab; each busy run on a lab of its own (a fresh pool, n5 joined
+    by its daemon after the deep tier, as an operator would start one)."""
+    figures: dict[str, object] = {"benchmark": "spares", "runs": runs, "cred_expire_seconds": 10}
+    for label, busy in (("idle_cluster_requeue", False), ("busy_cluster_spare", True)):
+        running, refilled, where = [], [], []
+        labs = runs if busy else 1
+        per_lab = 1 if busy else runs
+        for n in range(labs):
+            with tempfile.TemporaryDirectory(prefix="medic-bench-") as tmp:
+                lab = Lab(Path(tmp))
+                lab.up(LabSpec(nodes=5))
+                try:
+                    conf = spares_config(lab, Path(tmp) / "medic.toml", size=1 if busy else 0)
+                    order = [SPARE, *[n for n in lab.node_names() if n != SPARE]]
+                    for name in order:
+                        lab.start_healthd(name, config=conf)
+                    for run in range(per_lab):
+                        got = one_run(lab, Path(tmp) / f"{label}-{n}-{run}", busy)
+                        print(f"{label}: {got}", file=sys.stderr)
+                        running.append(float(str(got["running_again_s"])))
+                        where.append(f"{got['first']}->{got['again_on']}")
+                        if busy:
+                            refilled.append(float(str(got["pool_refilled_s"])))
+                finally:
+                    lab.down()
+        result: dict[str, object] = {"fault_to_job_running_again": stats(running), "moves": where}
+        if refilled:
+            result["fault_to_pool_refilled"] = stats(refilled)
+        figures[label] = result
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    print(json.dumps(measure(args.runs)))
+
+
+if __name__ == "__main__":
+    main()
