@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -153,6 +153,13 @@ def pace(progress: Progress, settings: HangSettings) -> Pace | None:
 class StragglerSettings:
     ratio: float = 1.25  # slower than the median of the job's other nodes by more than this
     repeats: int = 3  # in this many comparisons in a row
+
+
+def repeat_straggler(job_ids: Collection[str], jobs_to_drain: int) -> bool:
+    """Drain after the job? When the node was a straggler in `jobs_to_drain` different jobs
+    (those the caller read, within its window): one slow job may be the job's own doing
+    (its data, its placement), the same node slow in several is the node's."""
+    return jobs_to_drain > 0 and len(set(job_ids)) >= jobs_to_drain
 
 
 def slower_than_others(mine: Pace, others: Sequence[Pace], ratio: float) -> float | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from healthd.checks.base import Result, Status
-from healthd.hang import HangSettings, Pace, StragglerSettings
+from healthd.hang import HangSettings, Pace, StragglerSettings, repeat_straggler
 from healthd.hang_watch import Hang, HangWatch, Straggler, WatchSettings
 from healthd.jobs import SpoolJobState
 from healthd.ladder_host import DaemonLadderHost
@@ -419,6 +419,36 @@ class LadderThread:
                 "times": round(found.times, 3),
             },
         )
+        self._drain_repeat_straggler(found)
+
+    def _drain_repeat_straggler(self, found: Straggler) -> None:
+        """A node that was a straggler in `straggler_drain_jobs` jobs within
+        `straggler_drain_days`: a DRAIN_AFTER_JOB fault through the usual answer (the
+        decision core drains it after its running jobs, nothing requeued; the ladder takes
+        it from there: a reboot, then the re-qualification checks)."""
+        daemon, pace = self.daemon, found.pace
+        s = DaemonSettings.from_config(daemon.config)
+        if s.straggler_drain_jobs <= 0:
+            return
+        since = dt.datetime.now(dt.UTC) - dt.timedelta(days=s.straggler_drain_days)
+        try:
+            reports = daemon.store.events(daemon.node, since=since, kind="straggler")
+        except Exception as exc:  # the store: down, full; this report alone counts then
+            log.warning("stragglers: earlier reports of %s unknown: %s", daemon.node, exc)
+            reports = []
+        jobs = {str(e.evidence.get("job_id") or e.target) for e in reports} | {pace.job_id}
+        if not repeat_straggler(jobs, s.straggler_drain_jobs):
+            return
+        message = (
+            f"a straggler in {len(jobs)} jobs within {s.straggler_drain_days:g} days; last"
+            f" job {pace.job_id}: {found.times:.2f}x the median of its other nodes"
+        )
+        evidence = {"jobs": sorted(jobs)[-20:], "last_job": pace.job_id, "times": found.times}
+        fault = Result(
+            "job_pace", Status.WARN, "node.straggler", None, message, evidence,
+            Recommendation.DRAIN_AFTER_JOB,
+        )  # fmt: skip
+        self.respond([fault])
 
     def _event(self, at: dt.datetime, **event: Any) -> None:
         """An event into the store, or into the node's journal when the store refuses it

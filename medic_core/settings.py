@@ -114,6 +114,16 @@ class DaemonSettings:
     straggler_repeats: int = setting(
         3, minimum=1, maximum=1000, doc="...in this many comparisons in a row: reported"
     )
+    straggler_drain_jobs: int = setting(
+        2,
+        minimum=0,
+        maximum=1000,
+        doc="a node reported a straggler in this many jobs (within straggler_drain_days)"
+        " drains after its job and goes to the ladder; 0: report only",
+    )
+    straggler_drain_days: float = setting(
+        7.0, minimum=0.01, maximum=365, doc="the window of straggler_drain_jobs, in days"
+    )
 
     def problems(self) -> Iterator[tuple[str, str, str]]:
         return iter(())

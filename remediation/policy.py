@@ -52,15 +52,24 @@ FIRST_RUNG: Mapping[str, Rung | None] = {
 }
 
 
+# Fault classes whose first rung is not their recommendation's: a repeat straggler drains
+# after its job like a rising trend, but names no GPU to reset; a reboot clears what slows a
+# node (clocks, thermal state, a leaking service) and the re-qualification checks follow.
+FIRST_RUNG_BY_CLASS: Mapping[str, Rung] = {"node.straggler": Rung.REBOOT}
+
+
 def first_rung(
     fault_class: str, recommendation: str, overrides: Mapping[str, str] | None = None
 ) -> Rung | None:
-    """The rung an episode for this finding starts at; the longest matching override wins."""
+    """The rung an episode for this finding starts at; the longest matching override wins,
+    then the fault class's own (FIRST_RUNG_BY_CLASS), then the recommendation's."""
     parts = fault_class.split(".")
     for end in range(len(parts), 0, -1):
         word = (overrides or {}).get(".".join(parts[:end]))
         if word is not None:
             return None if word == "none" else Rung.from_word(word)
+    if fault_class in FIRST_RUNG_BY_CLASS:
+        return FIRST_RUNG_BY_CLASS[fault_class]
     return FIRST_RUNG.get(recommendation)
 
 

@@ -810,3 +810,106 @@ def test_compare_pace_shares_mine_and_reads_the_others_latest(
     n1.compare_pace(HangPace("5", 0.11, "busy", 5), 30.0)  # n1's newer pace
     n2.compare_pace(HangPace("9", 0.5, "busy", 5), 30.0)  # another job
     assert n2.compare_pace(HangPace("5", 0.3, "busy", 5), 30.0) == [HangPace("5", 0.11, "busy", 5)]
+
+
+# ---- a repeat straggler drains after its job -------------------------------------------
+
+
+@given(st.lists(st.sampled_from("abcdef"), max_size=12), st.integers(0, 8))
+def test_repeat_straggler_counts_different_jobs_and_zero_means_report_only(
+    jobs: list[str], threshold: int
+) -> None:
+    from healthd.hang import repeat_straggler
+
+    assert repeat_straggler(jobs, threshold) == (threshold > 0 and len(set(jobs)) >= threshold)
+    assert not repeat_straggler(jobs * 3, 0)
+
+
+def test_a_repeat_straggler_starts_at_a_reboot_unless_an_override_says_otherwise() -> None:
+    from remediation.policy import Rung, first_rung
+
+    assert first_rung("node.straggler", "drain_after_job") is Rung.REBOOT
+    assert first_rung("node.straggler", "drain_after_job", {"node": "none"}) is None
+    assert first_rung("gpu.trend.ecc_corrected", "drain_after_job") is Rung.GPU_RESET
+
+
+def straggler_thread(earlier: list[str], drain_jobs: int, store_down: bool = False) -> Any:
+    """A ladder thread whose store holds `earlier` straggler reports of n2 (job ids) and
+    whose respond() is recorded instead of carried out."""
+    from healthd import ladder_thread
+    from medic_core.config import MedicConfig
+    from medic_core.store import Event, Severity
+
+    class Store:
+        def __init__(self) -> None:
+            self.added: list[dict[str, Any]] = []
+
+        def add_event(self, **event: Any) -> None:
+            self.added.append(event)
+
+        def events(self, node: str, **query: Any) -> list[Event]:
+            if store_down:
+                raise OSError("database is locked")
+            assert node == "n2" and query["kind"] == "straggler"
+            now = dt.datetime.now(dt.UTC)
+            return [
+                Event(i, "n2", now, "straggler", "node.straggler", f"job:{j}", Severity.WARN,
+                      "", {"job_id": j}, "healthd")
+                for i, j in enumerate(earlier)
+            ]  # fmt: skip
+
+    class Daemon:
+        config = MedicConfig(
+            source=None,
+            node_name="n2",
+            tables={"healthd": {"straggler_drain_jobs": drain_jobs}},
+        )
+
+    daemon: Any = Daemon()
+    daemon.node, daemon.store = "n2", Store()
+    thread = ladder_thread.LadderThread(daemon, ladder=None, episodes=None)  # type: ignore[arg-type]
+    thread.responded = []
+    thread.respond = lambda faults, again=False: thread.responded.append(faults)
+    return thread
+
+
+def found_in(job_id: str) -> Any:
+    from healthd.hang_watch import Straggler
+
+    mine = HangPace(job_id, 0.3, "busy", 5)
+    return Straggler("n2", mine, (HangPace(job_id, 0.1, "busy", 5),), 3.0)
+
+
+def test_a_node_slow_in_a_second_job_drains_after_it_and_the_first_job_only_reports() -> None:
+    from medic_core.vocabulary import Recommendation
+
+    first = straggler_thread([], drain_jobs=2)
+    first.report_straggler(found_in("7"))
+    assert first.responded == []  # one job: reported (the event), nothing else
+    assert [e["kind"] for e in first.daemon.store.added] == ["straggler"]
+
+    second = straggler_thread(["7"], drain_jobs=2)
+    second.report_straggler(found_in("9"))
+    [[fault]] = second.responded
+    assert (fault.status.value, fault.fault_class, fault.target) == ("WARN", "node.straggler", None)
+    assert fault.remediation is Recommendation.DRAIN_AFTER_JOB
+    assert fault.evidence["jobs"] == ["7", "9"] and "2 jobs" in fault.message
+
+
+def test_the_same_job_reported_again_is_one_job_and_zero_reports_only() -> None:
+    again = straggler_thread(["9", "9"], drain_jobs=2)
+    again.report_straggler(found_in("9"))
+    assert again.responded == []
+    off = straggler_thread(["1", "2", "3"], drain_jobs=0)
+    off.report_straggler(found_in("4"))
+    assert off.responded == []
+
+
+def test_with_the_store_down_this_report_alone_counts(caplog: pytest.LogCaptureFixture) -> None:
+    down = straggler_thread(["1", "2"], drain_jobs=2, store_down=True)
+    down.report_straggler(found_in("3"))
+    assert down.responded == []
+    assert "earlier reports of n2 unknown" in caplog.text
+    alone = straggler_thread([], drain_jobs=1, store_down=True)
+    alone.report_straggler(found_in("3"))
+    assert len(alone.responded) == 1

@@ -23,7 +23,7 @@ from medic_core.store import open_store
 from remediation.decide import Ledger
 from slurm_hooks.checkpoint import CheckpointDir
 from tests.conftest import poll
-from tests.lab_views import drained_by_medic, job
+from tests.lab_views import drained_by_medic, job, node_info
 
 FLOOR = 2.0  # hang_floor: the threshold here (k x median = 3 x 0.1 s is below it)
 HUNG_AT = 25  # the step after which the first run blocks
@@ -269,14 +269,18 @@ print(f"rank {rank} on {node} done", flush=True)
 """
 
 
-def test_a_two_node_job_with_one_slow_node_flags_that_node_and_not_the_other(
+def test_a_two_node_job_with_one_slow_node_flags_that_node_and_drains_it_after_the_job(
     lab: Lab, tmp_path: Path
 ) -> None:
     conf = tmp_path / "medic.toml"
-    extra = "hang_poll = 0.2\nstraggler_every = 1.0\nstraggler_ratio = 1.5\nstraggler_repeats = 2\n"
-    conf.write_text(
-        lab.layout.medic_conf.read_text().replace("[healthd]\n", f"[healthd]\n{extra}", 1)
+    # straggler_drain_jobs = 1: drained after its first slow job (the default waits for 2).
+    # The ladder is off: the drain is the decision core's; no reboot follows in this test.
+    extra = (
+        "hang_poll = 0.2\nstraggler_every = 1.0\nstraggler_ratio = 1.5\nstraggler_repeats = 2\n"
+        "straggler_drain_jobs = 1\n"
     )
+    text = lab.layout.medic_conf.read_text().replace("[healthd]\n", f"[healthd]\n{extra}", 1)
+    conf.write_text(text.replace("[remediation]\n", "[remediation]\nenabled = false\n", 1))
     for name in ("n1", "n2"):
         lab.start_healthd(name, config=conf)
     script, sync = tmp_path / "slow.py", tmp_path / "sync"
@@ -301,6 +305,9 @@ def test_a_two_node_job_with_one_slow_node_flags_that_node_and_not_the_other(
 
     with open_store(f"sqlite:///{lab.layout.store_db}") as store:
         poll("n2 flagged", lambda: bool(flagged(store, "n2")), timeout=40)
+        # Drained after the job: DRAIN while the job still runs there (DRAINING), not requeued.
+        poll("n2 drained by Medic", lambda: drained_by_medic(lab, "n2"), timeout=20)
+        reason = node_info(lab, "n2")["reason"]
         poll("the job to complete", lambda: job(lab, job_id)["job_state"] == "COMPLETED", 40)
         [event] = flagged(store, "n2")
         assert flagged(store, "n1") == []
@@ -310,4 +317,5 @@ def test_a_two_node_job_with_one_slow_node_flags_that_node_and_not_the_other(
     assert 2.0 < event.evidence["times"] < 4.0  # 0.3 s against 0.1 s
     print(f"\n{event.message}")
     info = job(lab, job_id)
-    assert info["restart_cnt"] == 0 and not drained_by_medic(lab, "n2")  # reported only
+    assert info["restart_cnt"] == 0  # the job ran to its end where it was
+    assert "node.straggler" in reason and not drained_by_medic(lab, "n1"), reason
