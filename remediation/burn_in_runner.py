@@ -184,6 +184,9 @@ class BurnInRunner:
                         f"burn-in failed: {' '.join(record.checks)}")
             ]  # fmt: skip
         admission = self.ladder.admit(bi.for_ladder(findings, settings.failure_rung))
+        if admission.drain:  # put back in service meanwhile: out again, with the fault's reason
+            outcome = drain_if_allowed(self.ladder.slurm, self.node, admission.decision.reason)
+            self.ladder.drained(admission, outcome.value)
         if admission.episode is None:
             log.warning("%s: burn-in failure not recorded by the ladder: %s", self.node,
                         admission.store_down or admission.why)  # fmt: skip

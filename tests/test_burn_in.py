@@ -454,3 +454,17 @@ def test_the_lab_config_and_defaults(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="new_node"):
         BurnInSettings.from_config(load_config(conf))
     assert burn_in_runner.bi is bi
+
+
+def test_a_failure_whose_hand_over_was_lost_is_handed_again_and_drained(bw: BurnWorld) -> None:
+    """The store refused the episode when the burn-in failed (the record has no episode) and a
+    human put the node back meanwhile: the next tick hands it over again and drains it."""
+    w = bw.w
+    record = bi.Record(bi.Phase.FAILED, bi.NEW_NODE, (DEEP,), 1)
+    burn_in_runner.write_record(w.store, "n1", record, "failed", w.clock.now())
+    assert bw.burn("n1").step is bi.Step.HAND  # type: ignore[union-attr]
+    after = bw.record("n1")
+    assert after is not None and after.episode == w.last("n1").id
+    assert w.slurm.by_name["n1"].drain and not in_service(w, "n1")
+    assert w.slurm.by_name["n1"].reason.startswith("medic: burn_in.new_node")
+    assert bw.burn("n1").step is bi.Step.NOTHING  # type: ignore[union-attr]
