@@ -1,7 +1,8 @@
 """What Medic's Prolog and Epilog add to a job start: `srun -N1 true` timed end to end as a
 user runs it, on a one-node lab with medic-healthd answering the prolog from fresh results.
 
-Six configurations: no hooks, the Prolog only, Prolog and Epilog, each with and without
+Configurations: no hooks, `Prolog=/bin/true` (what any prolog costs in Slurm itself: the
+floor), Medic's Prolog only, Medic's Prolog and Epilog, each with and without
 PrologFlags=Alloc (slurm.conf rewritten and `scontrol reconfigure` between them). They are
 interleaved: every round runs a block of --block calls of each, in a new random order, so a
 drift of the machine's speed falls on all of them alike. What a hook set adds is computed
@@ -27,8 +28,10 @@ from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import LabSpec
 
 HOOK_LINES = ("Prolog=", "Epilog=", "PrologFlags=")
+# The lab's own hook lines kept (by prefix), or a line of their own.
 HOOK_SETS: dict[str, tuple[str, ...]] = {
     "no_hooks": (),
+    "true_prolog": ("=Prolog=/bin/true",),
     "prolog": ("Prolog=",),
     "prolog_epilog": ("Prolog=", "Epilog="),
 }
@@ -39,7 +42,9 @@ def reconfigure(lab: Lab, original: str, hooks: tuple[str, ...], alloc: bool) ->
     """slurm.conf as the lab writes it, but with only the hook lines in `hooks` (of Prolog=,
     Epilog=) and PrologFlags=Alloc on or off."""
     lines = [ln for ln in original.splitlines() if not ln.startswith(HOOK_LINES)]
-    lines += [ln for ln in original.splitlines() if ln.startswith(hooks)]
+    kept = tuple(h for h in hooks if not h.startswith("="))
+    lines += [ln for ln in original.splitlines() if kept and ln.startswith(kept)]
+    lines += [h[1:] for h in hooks if h.startswith("=")]
     if alloc:
         lines.append("PrologFlags=Alloc")
     lab.layout.slurm_conf.write_text("\n".join(lines) + "\n")
@@ -56,12 +61,13 @@ def time_srun(lab: Lab, calls: int) -> list[float]:
     return times
 
 
-def overhead(calls: int, block: int, seed: int) -> dict[str, object]:
+def overhead(calls: int, block: int, seed: int, sets: list[str]) -> dict[str, object]:
     rng = random.Random(seed)
-    configs = [(flags, name) for flags in FLAGS for name in HOOK_SETS]
+    configs = [(flags, name) for flags in FLAGS for name in ["no_hooks", *sets]]
     times: dict[str, list[float]] = {f"{f}.{n}": [] for f, n in configs}
     added: dict[str, list[float]] = {f"{f}.{n}": [] for f, n in configs if n != "no_hooks"}
     alloc_itself: list[float] = []
+    over_true: dict[str, list[float]] = {flags: [] for flags in FLAGS}
     loads: list[float] = []
     with tempfile.TemporaryDirectory(prefix="medic-bench-") as tmp:
         lab = Lab(Path(tmp))
@@ -83,6 +89,9 @@ def overhead(calls: int, block: int, seed: int) -> dict[str, object]:
                     if name != "no_hooks":
                         bare = got[f"{flags}.no_hooks"]
                         added[key] += [a - b for a, b in zip(values, bare, strict=True)]
+                        floor = got.get(f"{flags}.true_prolog")
+                        if name == "prolog" and floor is not None:  # Medic's over any prolog
+                            over_true[flags] += [a - b for a, b in zip(values, floor, strict=True)]
                 alloc_itself += [
                     a - b
                     for a, b in zip(got["alloc.no_hooks"], got["no_alloc.no_hooks"], strict=True)
@@ -98,6 +107,9 @@ def overhead(calls: int, block: int, seed: int) -> dict[str, object]:
         "block": block,
         "runs": {key: described(values, rng) for key, values in times.items()},
         "added": {key: described(values, rng) for key, values in added.items()},
+        "prolog_over_true_prolog": {
+            flags: described(values, rng) for flags, values in over_true.items() if values
+        },
         "alloc_flag_itself": described(alloc_itself, rng),
         "load_avg_1m": [round(min(loads), 2), round(max(loads), 2)],
     }
@@ -108,8 +120,17 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1000, help="per configuration")
     parser.add_argument("--block", type=int, default=50, help="calls per configuration a round")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--sets",
+        default="true_prolog,prolog,prolog_epilog",
+        help=f"hook sets beside no_hooks, of {', '.join(list(HOOK_SETS)[1:])}",
+    )
     args = parser.parse_args()
-    print(json.dumps(overhead(args.calls, args.block, args.seed)))
+    sets = [s for s in args.sets.split(",") if s]
+    unknown = [s for s in sets if s not in HOOK_SETS or s == "no_hooks"]
+    if unknown:
+        parser.error(f"--sets: unknown {', '.join(unknown)}")
+    print(json.dumps(overhead(args.calls, args.block, args.seed, sets)))
 
 
 if __name__ == "__main__":
