@@ -53,6 +53,9 @@ class BurnInRunner:
         self.clock = clock
         self.now = now
         self._retry_at = 0.0
+        # The settings under which there was nothing left to do (passed, handed to the
+        # ladder, or off): Slurm is not asked again every tick until a reload changes them.
+        self._settled: BurnInSettings | None = None
 
     # ---- the record ------------------------------------------------------------------------
 
@@ -96,10 +99,12 @@ class BurnInRunner:
         )
 
     def tick(self) -> bi.BurnInDecision | None:
-        """One step; None while waiting out a Slurm failure."""
+        """One step; None while waiting out a Slurm failure, or when settled."""
         if self.clock() < self._retry_at:
             return None
         settings = self.settings()
+        if settings is self._settled:
+            return None
         try:
             decision = self._step(settings)
             if decision.step is bi.Step.DRAIN:  # drained: carry on at once (run, or wait)
@@ -108,6 +113,8 @@ class BurnInRunner:
             self._retry_at = self.clock() + SLURM_RETRY
             log.warning("%s: burn-in waits for Slurm: %s", self.node, exc)
             return None
+        if decision.step is bi.Step.NOTHING:
+            self._settled = settings
         return decision
 
     def _step(self, settings: BurnInSettings) -> bi.BurnInDecision:

@@ -468,3 +468,18 @@ def test_a_failure_whose_hand_over_was_lost_is_handed_again_and_drained(bw: Burn
     assert w.slurm.by_name["n1"].drain and not in_service(w, "n1")
     assert w.slurm.by_name["n1"].reason.startswith("medic: burn_in.new_node")
     assert bw.burn("n1").step is bi.Step.NOTHING  # type: ignore[union-attr]
+
+
+def test_settled_it_asks_slurm_nothing_more_until_a_reload(bw: BurnWorld) -> None:
+    """Ticked every 2 s on every node: once there is nothing to do, no Slurm call per tick
+    (a fleet's daemons would load slurmctld); a reload (new settings) looks again."""
+    w = bw.w
+    bw.burn("n1")
+    assert bw.burn("n1").step is bi.Step.NOTHING  # type: ignore[union-attr]
+    calls = len(w.slurm.calls)
+    for _ in range(5):
+        assert bw.burn("n1") is None
+    assert len(w.slurm.calls) == calls
+    bw.configure(max_attempts=4)  # a reload
+    assert bw.burn("n1").step is bi.Step.NOTHING  # type: ignore[union-attr]
+    assert len(w.slurm.calls) == calls + 1
