@@ -88,7 +88,13 @@ class LadderThread:
         self.burn_in: Any = None  # remediation.burn_in_runner.BurnInRunner (attach_ladder)
 
     def start(self) -> threading.Thread:
-        """Also continues an episode a restart interrupted, and starts the progress watch."""
+        """Also continues an episode a restart interrupted, and starts the progress watch.
+        A node never burnt in is drained first, before the daemon says it is ready."""
+        if self.burn_in is not None:
+            try:
+                self.burn_in.drain_first()
+            except Exception:
+                log.exception("burn-in drain at start-up failed")
         thread = threading.Thread(target=self.loop, name="ladder", daemon=True)
         thread.start()
         if self.hangs is not None:

@@ -117,10 +117,28 @@ class BurnInRunner:
             self._settled = settings
         return decision
 
-    def _step(self, settings: BurnInSettings) -> bi.BurnInDecision:
+    def drain_first(self) -> bool:
+        """Only the drain, at once: the daemon calls it before it tells systemd it is ready,
+        and systemd starts slurmd after that (Before=slurmd.service), so a node never burnt
+        in is out of service before Slurm can place a job on it. Never runs the checks
+        (they take minutes: the ladder's thread does). True when it drained."""
+        settings = self.settings()
+        try:
+            if bi.decide_burn_in(self.facts(settings)).step is not bi.Step.DRAIN:
+                return False
+            self._step(settings, drain_only=True)
+        except SlurmError as exc:
+            log.warning("%s: burn-in drain at start-up failed (the first tick tries): %s",
+                        self.node, exc)  # fmt: skip
+            return False
+        return True
+
+    def _step(self, settings: BurnInSettings, drain_only: bool = False) -> bi.BurnInDecision:
         facts = self.facts(settings)
         decision = bi.decide_burn_in(facts)
         step, record = decision.step, facts.record
+        if drain_only and step is not bi.Step.DRAIN:
+            return decision
         if step is bi.Step.ADOPT:
             self.write(bi.Record(bi.Phase.PASSED, bi.NEW_NODE, facts.checks, note="adopted"),
                        "burn-in checks passed here before: adopted")  # fmt: skip

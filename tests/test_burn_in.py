@@ -483,3 +483,20 @@ def test_settled_it_asks_slurm_nothing_more_until_a_reload(bw: BurnWorld) -> Non
     bw.configure(max_attempts=4)  # a reload
     assert bw.burn("n1").step is bi.Step.NOTHING  # type: ignore[union-attr]
     assert len(w.slurm.calls) == calls + 1
+
+
+def test_the_start_up_drain_drains_only(bw: BurnWorld) -> None:
+    """Before READY (and so before slurmd starts): drained, no check run; the first tick runs
+    the checks. Nothing to drain (passed, off, or Slurm down): nothing happens."""
+    w, n1 = bw.w, bw.node("n1")
+    w.daemon("n1")
+    assert bw.runners["n1"].drain_first()
+    assert w.slurm.by_name["n1"].drain and deep_runs(n1) == 0 and bw.record("n1") is None
+    assert not bw.runners["n1"].drain_first()  # already Medic's drain
+    bw.burn("n1")
+    assert in_service(w, "n1") and deep_runs(n1) == 1
+    w.restart("n1")
+    assert not bw.runners["n1"].drain_first() and in_service(w, "n1")
+    w.daemon("n2")
+    w.slurm.unreachable = True
+    assert not bw.runners["n2"].drain_first()
