@@ -328,6 +328,13 @@ class HealthDaemon:
                 for u in updates:
                     self._known[(u.type, u.target)] = Status(u.status)
                 new_faults += [r for r in conditions if (r.check, r.target or "") in fresh]
+                # A CRITICAL event is news by itself (a kernel oops, an MCE): answered like a
+                # fresh CRITICAL condition, unless its check marked it as history.
+                new_faults += [
+                    e
+                    for e in events
+                    if e.status is Status.CRITICAL and not e.evidence.get("history")
+                ]
                 for event in events:
                     store_up = self._add_event(at, event, store_up)
             if store_up and self._wrote:  # back only once a write went through

@@ -251,3 +251,28 @@ def test_every_sample_file_is_well_formed() -> None:
         _, malformed = kmsg.parse_records(path.read_text())
         assert malformed == 0, path.name
     assert len(all_sample_records()) > 30
+
+
+# --- news or history: what the daemon acts on ---
+
+OOPS = "2,{seq},{us},-;BUG: unable to handle page fault for address: ffff8881"
+
+
+def oops_at(seconds_since_boot: float, now: float, first_run: bool) -> Result:
+    line = OOPS.format(seq=7, us=int(seconds_since_boot * 1e6))
+    records, _ = kmsg.parse_records(line + "\n")
+    batch = kmsg.select_after(records, None)
+    observation = KernelLogObservation(batch, shipped_rules(), first_run, now, None)
+    results = KernelLogCheck.evaluate(observation, KernelLogConfig(history_seconds=600.0))
+    [oops] = [r for r in results if r.fault_class]
+    return oops
+
+
+def test_the_first_run_marks_what_is_older_than_history_seconds_as_history() -> None:
+    old = oops_at(100.0, now=100.0 + 601, first_run=True)
+    assert old.status is Status.CRITICAL and old.evidence["history"] is True
+    fresh = oops_at(100.0, now=100.0 + 599, first_run=True)
+    assert "history" not in fresh.evidence
+    # After the first run every match is new, however old its kernel time reads.
+    later = oops_at(100.0, now=100.0 + 86400, first_run=False)
+    assert "history" not in later.evidence

@@ -270,3 +270,24 @@ def test_a_store_that_refused_is_tried_again_only_every_store_retry(rig: Any) ->
         return stored(store, daemon.node).get(("gpu_nvlink", "3")) == "CRITICAL"
 
     poll("the store written once the retry is due", a_round_wrote_it, timeout=10)
+
+
+def kernel_event(status: Status, history: bool = False) -> Result:
+    evidence = {"rule": "kernel_oops", "count": 1, **({"history": True} if history else {})}
+    return fault(
+        "kernel_log", status, "kernel.oops", "BUG: unable to handle page fault",
+        evidence=evidence, kind=Kind.EVENT,
+    )  # fmt: skip
+
+
+def test_a_critical_kernel_log_event_is_answered_and_history_or_a_warn_is_not(rig: Any) -> None:
+    daemon, _, answered = rig
+    daemon.record(round_of(T0, kernel_log=[kernel_event(Status.CRITICAL, history=True)]))
+    daemon.record(round_of(T0, kernel_log=[kernel_event(Status.WARN)]))
+    daemon.record(round_of(T0, gpu_nvlink=[nvlink_down()]))  # a marker: answered after them
+    poll("the marker answered", lambda: answered.count("gpu.nvlink.down", "3") == 1, timeout=5)
+    assert answered.count("kernel.oops", "") == 0
+    daemon.record(
+        round_of(T0 + dt.timedelta(seconds=30), kernel_log=[kernel_event(Status.CRITICAL)])
+    )
+    poll("the oops answered", lambda: answered.count("kernel.oops", "") == 1, timeout=5)

@@ -221,6 +221,13 @@ class KernelLogConfig(CheckConfig):
         choices=("beginning", "end"),
         doc="first run: read the whole ring buffer (since boot) or only what comes next",
     )
+    history_seconds: float = setting(
+        600.0,
+        minimum=0,
+        maximum=86400 * 30,
+        doc="first run: a match older than this is history (recorded, not acted on: a daemon"
+        " restarted hours after an MCE must not drain the node for it again)",
+    )
 
     def problems(self) -> Iterator[tuple[str, str, str]]:
         names: set[str] = set()
@@ -312,6 +319,7 @@ class KernelLogCheck(Check[KernelLogObservation, KernelLogConfig]):
                     "samples": [r.message for r in records[:SAMPLES_PER_RULE]],
                     "lost": batch.lost,
                     **_fault_at(records[0], observation),
+                    **_history(last, observation, cfg.history_seconds),
                 },
                 kind=Kind.EVENT,
             )
@@ -333,6 +341,18 @@ class KernelLogCheck(Check[KernelLogObservation, KernelLogConfig]):
                 )
             )
         return results
+
+
+def _history(
+    last: KmsgRecord, observation: KernelLogObservation, seconds: float
+) -> dict[str, bool]:
+    """{"history": True} for what the first run found older than `seconds` (its newest
+    matching record's kernel time against now, both since boot): a CRITICAL match is acted
+    on (the daemon drains for it) only when it is news."""
+    if not observation.first_run or observation.now <= 0:
+        return {}
+    age = observation.now - last.timestamp_us / 1e6
+    return {"history": True} if age > seconds else {}
 
 
 def _fault_at(record: KmsgRecord, observation: KernelLogObservation) -> dict[str, str]:
