@@ -6,12 +6,13 @@ Hand-over (`SparePool.hand_over`, the daemon's ladder thread, right after the re
 before the releaser makes the job eligible): the decision core (`remediation.decide.
 decide_spare`) picks the spare; the intent is recorded (an event of kind "spare" keyed by
 the job's run, so a daemon that crashes and answers again, or the job's other node
-answering the same fault, never hands a second spare); the spare leaves the pool
-reservation and a reservation of the job's own is made on it, `medic-spare-<job>`, for
-the job's user with Flags=FLEX (the job may use nodes outside it too: a multi-node job
-keeps its healthy nodes) and PURGE_COMP (Slurm deletes it once the job has left it for
-`purge_after` seconds); the job is moved into that reservation. No other pending job can
-take the spare, whatever its priority: the reservation is the job's.
+answering the same fault, never hands a second spare); a reservation of the job's own is
+made on the spare, `medic-spare-<job>`, for the job's user, with Flags=OVERLAP (made while
+the spare is still in the pool, which it leaves after: never a moment in no reservation),
+FLEX (the job may use nodes outside it too: a multi-node job keeps its healthy nodes) and
+PURGE_COMP (Slurm deletes it once the job has left it for `purge_after` seconds); the job
+is moved into it. No other pending job can take the spare, whatever its priority: the
+reservation is the job's.
 
 Refill (`SparePool.join`, the ladder's give-back after a repair, and a listed node that
 is idle and in service): a pool short of `size` takes the node if it passes the deep tier
@@ -148,16 +149,20 @@ class SparePool:
         # The intent first: answered again after a crash, this job gets no second spare.
         self._event(spare, Severity.INFO, f"handing {spare} to job {job_id}", action=HANDING,
                     **evidence)  # fmt: skip
+        purge = slurm_duration(self.settings.purge_after)
         try:
-            self._take_out_of_pool(spare)
+            # The job's reservation first, overlapping the pool's, then the spare leaves the
+            # pool: never a moment with the spare in no reservation (the lab's scheduler
+            # gave it to a waiting job in the milliseconds between the two).
             self.slurm.create_reservation(
                 name,
                 spare,
                 self.settings.hold_days * 24 * 60,
                 user,
-                flags=("FLEX", f"PURGE_COMP={slurm_duration(self.settings.purge_after)}"),
+                flags=("FLEX", "OVERLAP", f"PURGE_COMP={purge}"),
             )
             self.slurm.move_job(job_id, name)
+            self._take_out_of_pool(spare)
         except SlurmError as exc:
             self._event(spare, Severity.WARN, f"hand-over of {spare} to job {job_id} failed:"
                         f" {exc}", action=FAILED, **evidence)  # fmt: skip
