@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cli.lab.cluster import Lab, wait_for
+from cli.lab.cluster import Lab, LabError, wait_for
 from cli.lab.slurm_conf import LabSpec
 
 POOL = "medic-spares"
@@ -81,7 +81,11 @@ def one_run(lab: Lab, work: Path, busy: bool) -> dict[str, object]:
         fillers.append(submit(lab, "--exclusive", "-N1", "--wrap", "sleep 900"))
     t0 = time.monotonic()
     lab.inject(first, 5, ["xid=95"])
-    wait_for("the job running again", (work / "run-1").exists, 120, 0.02)
+    try:
+        wait_for("the job running again", (work / "run-1").exists, 120, 0.02)
+    except LabError:
+        explain(lab)
+        raise
     running = time.monotonic() - t0
     second = (work / "run-1").read_text().strip()
     figures: dict[str, object] = {"first": first, "again_on": second, "running_again_s": running}
@@ -95,6 +99,18 @@ def one_run(lab: Lab, work: Path, busy: bool) -> dict[str, object]:
     return figures
 
 
+def explain(lab: Lab) -> None:
+    """What Slurm and the store show when a run failed (to stderr)."""
+    for argv in (["squeue", "-o", "%i %T %N %R %v"], ["scontrol", "-o", "show", "reservation"],
+                 ["sinfo", "-N", "-o", "%N %T %E"]):  # fmt: skip
+        print(lab.slurm(argv, check=False).stdout, file=sys.stderr)
+    from medic_core.store import open_store
+
+    with open_store(f"sqlite:///{lab.layout.store_db}") as store:
+        for e in reversed(store.events(since=None, limit=60)):
+            print(e.at, e.node, e.kind, e.message[:160], file=sys.stderr)
+
+
 def stats(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     return {
@@ -103,11 +119,12 @@ def stats(values: list[float]) -> dict[str, float]:
     }
 
 
-def measure(runs: int) -> dict[str, object]:
+def measure(runs: int, only: tuple[str, ...] = ()) -> dict[str, object]:
     """The idle runs on one lab; each busy run on a lab of its own (a fresh pool, n5 joined
     by its daemon after the deep tier, as an operator would start one)."""
     figures: dict[str, object] = {"benchmark": "spares", "runs": runs, "cred_expire_seconds": 10}
-    for label, busy in (("idle_cluster_requeue", False), ("busy_cluster_spare", True)):
+    modes = (("idle_cluster_requeue", False), ("busy_cluster_spare", True))
+    for label, busy in [m for m in modes if m[0] in only] if only else modes:
         running, refilled, where = [], [], []
         labs = runs if busy else 1
         per_lab = 1 if busy else runs
@@ -117,9 +134,15 @@ def measure(runs: int) -> dict[str, object]:
                 lab.up(LabSpec(nodes=5))
                 try:
                     conf = spares_config(lab, Path(tmp) / "medic.toml", size=1 if busy else 0)
-                    order = [SPARE, *[n for n in lab.node_names() if n != SPARE]]
-                    for name in order:
-                        lab.start_healthd(name, config=conf)
+                    # n5 first, in the pool before n1 (also listed) could join a short pool.
+                    lab.start_healthd(SPARE, config=conf)
+                    if busy:
+                        wait_for(
+                            "the spare in the pool", lambda lab=lab: pool(lab) == [SPARE], 60, 0.1
+                        )
+                    for name in lab.node_names():
+                        if name != SPARE:
+                            lab.start_healthd(name, config=conf)
                     for run in range(per_lab):
                         got = one_run(lab, Path(tmp) / f"{label}-{n}-{run}", busy)
                         print(f"{label}: {got}", file=sys.stderr)
@@ -139,8 +162,9 @@ def measure(runs: int) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--only", action="append", default=[], help="one mode's label")
     args = parser.parse_args()
-    print(json.dumps(measure(args.runs)))
+    print(json.dumps(measure(args.runs, tuple(args.only))))
 
 
 if __name__ == "__main__":
