@@ -124,7 +124,10 @@ class BurnInRunner:
         (they take minutes: the ladder's thread does). True when it drained."""
         settings = self.settings()
         try:
-            if bi.decide_burn_in(self.facts(settings)).step is not bi.Step.DRAIN:
+            if (
+                self._off(settings)
+                or bi.decide_burn_in(self.facts(settings)).step is not bi.Step.DRAIN
+            ):
                 return False
             self._step(settings, drain_only=True)
         except SlurmError as exc:
@@ -133,7 +136,14 @@ class BurnInRunner:
             return False
         return True
 
+    def _off(self, settings: BurnInSettings) -> bool:
+        """new_node off and no record: nothing to do, and Slurm is not asked (the daemon asks
+        Slurm nothing before a fault when burn-in is off)."""
+        return not settings.new_node and self.record() is None
+
     def _step(self, settings: BurnInSettings, drain_only: bool = False) -> bi.BurnInDecision:
+        if self._off(settings):
+            return bi.BurnInDecision(bi.Step.NOTHING, "new_node burn-in is off")
         facts = self.facts(settings)
         decision = bi.decide_burn_in(facts)
         step, record = decision.step, facts.record
@@ -148,6 +158,9 @@ class BurnInRunner:
             outcome = drain_if_allowed(self.ladder.slurm, self.node, reason)
             if outcome is DrainOutcome.DRAINED:
                 self._event(f"never burnt in: drained ({reason})", "WARN")
+            if record is None:  # pending: switching new_node off gives the node back
+                self.write(bi.Record(bi.Phase.RUNNING, bi.NEW_NODE, facts.checks),
+                           "burn-in pending: drained, waiting to run")  # fmt: skip
         elif step is bi.Step.RUN:
             self._run(facts, record)
         elif step is bi.Step.FAIL:

@@ -371,6 +371,7 @@ def test_config_off_drains_nothing_and_asks_for_nothing(bw: BurnWorld) -> None:
     bw.configure(new_node=(), after_reboot=(), after_rma=())
     assert bw.burn("n1").step is bi.Step.NOTHING  # type: ignore[union-attr]
     assert in_service(w, "n1") and not w.slurm.called("drain") and bw.record("n1") is None
+    assert not w.slurm.calls  # off: Slurm is not even asked
     w.fault("n1", XID_79)
     assert w.run("n1").state == ep.RESOLVED and all(DEEP not in a for a in n1.asked)
 
@@ -491,7 +492,8 @@ def test_the_start_up_drain_drains_only(bw: BurnWorld) -> None:
     w, n1 = bw.w, bw.node("n1")
     w.daemon("n1")
     assert bw.runners["n1"].drain_first()
-    assert w.slurm.by_name["n1"].drain and deep_runs(n1) == 0 and bw.record("n1") is None
+    assert w.slurm.by_name["n1"].drain and deep_runs(n1) == 0
+    assert bw.record("n1") == bi.Record(bi.Phase.RUNNING, bi.NEW_NODE, (DEEP,), 0)
     assert not bw.runners["n1"].drain_first()  # already Medic's drain
     bw.burn("n1")
     assert in_service(w, "n1") and deep_runs(n1) == 1
