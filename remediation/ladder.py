@@ -716,7 +716,7 @@ class Ladder:
         """(reason, checks) of burn-in this verification adds (remediation.burn_in)."""
         if self.burn_in is None:
             return "", ()
-        from remediation.burn_in_runner import ladder_checks
+        from remediation.burn_in_record import ladder_checks
 
         rebooted = any(
             s.action == Rung.REBOOT.word and not s.output.startswith(REFUSED)
@@ -726,7 +726,7 @@ class Ladder:
 
     def _burnt_in(self, reason: str, checks: Sequence[str]) -> None:
         if checks:
-            from remediation.burn_in_runner import record_pass
+            from remediation.burn_in_record import record_pass
 
             record_pass(self.store.store, self.node, reason, checks)
 
