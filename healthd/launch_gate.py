@@ -77,7 +77,8 @@ class LaunchGate:
         self.host = host
         self._recorder: EventRecorder | None = None
         self._recorder_lock = threading.Lock()
-        self._rails_seen: tuple[float, list[int], str] | None = None  # (monotonic, rails)
+        # (monotonic, open RMA tickets, the drain cap's hold, the GPUs isolation took out)
+        self._rails_seen: tuple[float, list[int], str, tuple[int, ...]] | None = None
 
     @property
     def recorder(self) -> EventRecorder:
@@ -213,9 +214,14 @@ class LaunchGate:
         )
         # A CRITICAL verdict reads them now: the drain cap's hold changes with the very fault
         # the verdict found, and a refusal is the slow path anyway.
-        rma_open, cap_held, rails_age = self._cached_rails(now=seen.status is Status.CRITICAL)
+        rails = self._cached_rails(now=seen.status is Status.CRITICAL)
+        rma_open, cap_held, isolated, rails_age = rails
         decision = decide(
-            seen, HookSettings.from_config(self.host.config), rma_open=rma_open, cap_held=cap_held
+            seen,
+            HookSettings.from_config(self.host.config),
+            rma_open=rma_open,
+            cap_held=cap_held,
+            isolated_gpus=isolated,
         )
         first = decision.first
         self.recorder.record(
@@ -246,36 +252,39 @@ class LaunchGate:
             reply["blocking"] = [f.as_json() for f in decision.blocking]
         return reply
 
-    def _cached_rails(self, now: bool = False) -> tuple[list[int], str, float]:
+    def _cached_rails(self, now: bool = False) -> tuple[list[int], str, tuple[int, ...], float]:
         """The rails and their age in seconds: from memory when read within RAILS_MAX_AGE,
         else (or with `now`) from the store now."""
         seen = self._rails_seen
         if now or seen is None or time.monotonic() - seen[0] > RAILS_MAX_AGE:
             seen = self._read_rails()
-        return seen[1], seen[2], time.monotonic() - seen[0]
+        return seen[1], seen[2], seen[3], time.monotonic() - seen[0]
 
-    def _read_rails(self) -> tuple[float, list[int], str]:
+    def _read_rails(self) -> tuple[float, list[int], str, tuple[int, ...]]:
         at = time.monotonic()
-        rma_open, cap_held = self._rails()
-        self._rails_seen = (at, rma_open, cap_held)
+        rma_open, cap_held, isolated = self._rails()
+        self._rails_seen = (at, rma_open, cap_held, isolated)
         return self._rails_seen
 
-    def _rails(self) -> tuple[list[int], str]:
-        """This node's open RMA tickets, and the episode the drain cap keeps in service (its
-        why), as the store knows them; nothing when it does not answer (the verdict alone
-        decides then, and the ladder's keep-out still drains an RMA node)."""
+    def _rails(self) -> tuple[list[int], str, tuple[int, ...]]:
+        """This node's open RMA tickets, the episode the drain cap keeps in service (its
+        why) and the GPUs its open episode's isolation record took out of the GRES, as the
+        store knows them; nothing when it does not answer (the verdict alone decides then,
+        and the ladder's keep-out still drains an RMA node)."""
         from remediation import episodes as ep
         from remediation import tickets
+        from remediation.isolation import out_of_gres, recorded
 
         try:
             rma_open = tickets.open_tickets(self.host.store, self.host.node)
             episode = ep.EpisodeStore(self.host.store).open_for(self.host.node)
         except Exception as exc:  # a store that fails must not stop a job start
             log.warning("launch gate: RMA tickets and episodes unknown: %s", exc)
-            return [], ""
+            return [], "", ()
+        isolated = out_of_gres(recorded(episode.evidence)) if episode is not None else ()
         if episode is not None and episode.state == ep.WAITING_CAP:
-            return rma_open, f"episode {episode.id} waits for the drain cap"
-        return rma_open, ""
+            return rma_open, f"episode {episode.id} waits for the drain cap", isolated
+        return rma_open, "", isolated
 
     def after_job(self, job_id: str) -> None:
         """Post-job checks and the job's health summary (an event of kind "job_summary");

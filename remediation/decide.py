@@ -15,6 +15,7 @@ from medic_core.drain_reason import format_reason, is_burn_in_reason
 from medic_core.settings import HookSettings
 from medic_core.slurm import NodeInfo
 from medic_core.status import Status
+from medic_core.status import worst as worst_status
 from medic_core.vocabulary import Finding, Recommendation, Verdict
 from remediation.policy import Rung, drain_cap, first_rung
 
@@ -37,15 +38,21 @@ def decide_launch(
     *,
     rma_open: Sequence[int] = (),
     cap_held: str = "",
+    isolated_gpus: Collection[int] = (),
 ) -> GateDecision:
     """May a job start here? Never with an open RMA ticket (whatever Slurm shows); CRITICAL
     never, unless the drain cap keeps the fault in service (`cap_held`, its reason: a
     refusal would have Slurm drain the node past the cap, "Prolog error"); UNKNOWN only
-    with on_unknown = "open"."""
+    with on_unknown = "open". Findings on a GPU Medic took out of the node's GRES
+    (`isolated_gpus`, from its isolation record: no job can be given it) are left out."""
     if rma_open:
         why = f"RMA ticket {rma_open[0]} is open"
         ticket = Finding("rma", Status.CRITICAL, "rma.open", "", why, Recommendation.DRAIN)
         return GateDecision(False, Status.CRITICAL, (ticket,), why)
+    findings = tuple(f for f in verdict.findings if not on_gpus(f, isolated_gpus))
+    if len(findings) < len(verdict.findings):
+        status = worst_status(f.status for f in findings) if findings else Status.OK
+        verdict = Verdict(status, findings, verdict.source, verdict.seconds, verdict.note)
     critical = tuple(f for f in verdict.findings if f.status is Status.CRITICAL)
     if critical and cap_held:
         return GateDecision(
@@ -59,6 +66,12 @@ def decide_launch(
             False, Status.UNKNOWN, unknown, "a launch check could not tell (on_unknown=closed)"
         )
     return GateDecision(True, verdict.status, (), "")
+
+
+def on_gpus(finding: Finding, gpus: Collection[int]) -> bool:
+    """The finding is on one of these GPUs (its target is that index)."""
+    t = finding.target
+    return bool(gpus) and t.isascii() and t.isdigit() and int(t) in gpus
 
 
 # --- a fault on a node: drain, requeue, episode, pause ----------------------------------------

@@ -166,3 +166,12 @@ def recorded(evidence: Mapping[str, Any]) -> IsolationRecord | None:
     if not isinstance(total, int) or total <= 0 or state not in STATES:
         return None
     return IsolationRecord(tuple(sorted(set(gpus))), total, str(state))
+
+
+def out_of_gres(record: IsolationRecord | None) -> tuple[int, ...]:
+    """The GPUs Slurm no longer hands to jobs on this record's word: applied, or waiting to
+    come back (the node is drained for that). At `intent` the command may not have run yet
+    (the node is still drained whole), and `restored` gave them back."""
+    if record is None or record.state not in (APPLIED, RESTORING):
+        return ()
+    return record.gpus

@@ -305,3 +305,28 @@ def test_answered_again_after_slurm_failed_the_job_leaves_a_handed_over_node() -
     facts = FaultFacts("n1", MEDIC_DRAINED, (resilient(),), handed_over=4, answer_again=True)
     d = decide_fault([XID79], facts)
     assert (d.episode, d.episode_id, d.requeued) == (EpisodeMove.JOIN, 4, ("7",))
+
+
+def test_findings_on_an_isolated_gpu_do_not_refuse_a_job() -> None:
+    """The GPU left the node's GRES: no job can be given it, so its fault refuses none."""
+    on5 = Finding("gpu_xid", Status.CRITICAL, "gpu.xid.95", "5", "XID 95 on GPU 5")
+    unknown5 = Finding("gpu_ecc", Status.UNKNOWN, "gpu.ecc.unknown", "5", "no answer")
+    sick = verdict_of(on5, unknown5)
+    closed = HookSettings(on_unknown="closed")
+    assert not decide_launch(sick, closed).allow
+    d = decide_launch(sick, closed, isolated_gpus=(5,))
+    assert d.allow and d.status is Status.OK and d.blocking == ()
+    # another GPU's fault, a node-wide one, and an RMA ticket still refuse
+    on3 = Finding("gpu_xid", Status.CRITICAL, "gpu.xid.95", "3", "XID 95 on GPU 3")
+    node = Finding("gpu_count", Status.CRITICAL, "gpu.count.missing", "", "7 of 8 GPUs")
+    for other in (on3, node):
+        d = decide_launch(verdict_of(on5, other), closed, isolated_gpus=(5,))
+        assert not d.allow and d.blocking == (other,)
+    assert not decide_launch(verdict_of(on5), closed, isolated_gpus=(5,), rma_open=[7]).allow
+    # a target that only looks like an index does not match
+    odd = Finding("gpu_xid", Status.CRITICAL, "gpu.xid.95", "pci:05", "XID 95")
+    assert not decide_launch(verdict_of(odd), closed, isolated_gpus=(5,)).allow
+    # an UNKNOWN left over on another GPU with on_unknown = closed still refuses
+    unknown3 = Finding("gpu_ecc", Status.UNKNOWN, "gpu.ecc.unknown", "3", "no answer")
+    d = decide_launch(verdict_of(on5, unknown3), closed, isolated_gpus=(5,))
+    assert not d.allow and d.status is Status.UNKNOWN

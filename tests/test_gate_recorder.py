@@ -184,3 +184,26 @@ def test_records_made_for_a_request_wait_for_its_reply(
         assert gate.recorder.flush(0.0)  # nothing queued yet
     assert gate.recorder.flush(10)
     assert [e.target for e in gate_events(store)] == ["job:49"]
+
+
+@pytest.mark.parametrize(
+    ("state", "allow"),
+    [("applied", True), ("restoring", True), ("intent", False), ("restored", False)],
+)
+def test_the_gate_leaves_out_a_gpu_the_open_episode_isolated(
+    tmp_path: Path, paths: NodePaths, store: GatedStore, state: str, allow: bool
+) -> None:
+    """Only a GPU out of Slurm's GRES (applied, or drained to come back) is left out: at
+    `intent` the apply command may not have run."""
+    from remediation import episodes as ep
+
+    bad = fault("gpu_xid", Status.CRITICAL, "gpu.xid.95", "XID 95", target="5")
+    record = {"gpus": [5], "gpus_total": 8, "state": state}
+    ep.EpisodeStore(store.store).open_episode(
+        "n1", state=ep.WAITING_IDLE, fault_class="gpu.xid.95", target="5", check="gpu_xid",
+        recommendation="gpu_reset", rung=1, message="XID 95", evidence={"isolation": record},
+    )  # fmt: skip
+    reply = make_gate(tmp_path, paths, store, bad).launch(5.0, job_id="50")
+    assert reply["allow"] is allow
+    other = fault("gpu_xid", Status.CRITICAL, "gpu.xid.95", "XID 95", target="4")
+    assert not make_gate(tmp_path, paths, store, other).launch(5.0, job_id="51")["allow"]

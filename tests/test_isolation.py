@@ -286,3 +286,11 @@ def test_policy_refusal_leaves_no_record(store: Store) -> None:
     other = episodes.update(episode.id, fault_class="gpu.xid.79")
     assert isolator.isolate(other, 8) is None
     assert state_of(episodes.get(episode.id)) == "none" and slurm.applied == []
+
+
+def test_out_of_gres_names_the_gpus_only_while_slurm_lacks_them() -> None:
+    from remediation.isolation import IsolationRecord, out_of_gres
+
+    assert out_of_gres(None) == ()
+    for state, gpus in (("intent", ()), ("applied", (5,)), ("restoring", (5,)), ("restored", ())):
+        assert out_of_gres(IsolationRecord((5,), 8, state)) == gpus
