@@ -58,12 +58,12 @@ def test_a_healthy_node_exits_0_with_every_result_in_the_table(host: Path) -> No
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["CHECK", "TARGET", "STATUS", "FAULT", "MESSAGE"]
     rows = [line.split()[:3] for line in lines[1:] if not line.startswith(("c1:", "skipped"))]
-    assert {r[0] for r in rows} == {"cpus", "filesystems", "ib", "kernel_log", "memory",
-                                    "services"}  # fmt: skip
+    assert {r[0] for r in rows} == {"cpus", "filesystems", "host_trends", "ib", "kernel_log",
+                                    "memory", "services"}  # fmt: skip
     assert {r[2] for r in rows} <= {"OK", "NOT_APPLICABLE"}
     assert ["ib", "mlx5_3/1", "OK"] in rows
     summary = next(line for line in lines if line.startswith("c1:"))
-    assert summary.startswith(f"c1: 6 checks, {len(rows)} results: 0 CRITICAL, 0 UNKNOWN, 0 WARN")
+    assert summary.startswith(f"c1: 7 checks, {len(rows)} results: 0 CRITICAL, 0 UNKNOWN, 0 WARN")
     assert lines[-1].startswith("skipped (not a GPU node ([healthd] gpus = none)): gpu_count, ")
 
 

@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -676,6 +677,7 @@ class Lab:
         self.slurm(["scancel", "--full", "--quiet", "--user=root"], check=False)
         for name in self.healthd_pids():
             self.stop_healthd(name)
+        self.delete_reservations()
         for suffix in ("", "-wal", "-shm"):
             Path(f"{self.layout.store_db}{suffix}").unlink(missing_ok=True)
         for name in state.spec.node_names():
@@ -698,6 +700,9 @@ class Lab:
                 self.slurm(["scancel", "--quiet", *active], check=False)
                 return False
             nodes = self.nodes()
+            if any("RESERVED" in n.flags for n in nodes):  # its job was still completing
+                self.delete_reservations()
+                return False
             for n in nodes:
                 if not n.is_idle and n.state not in ("ALLOCATED", "MIXED", "COMPLETING"):
                     self.slurm(
@@ -711,6 +716,13 @@ class Lab:
             jobs = [(j["job_id"], j["job_state"]) for j in self.active_jobs()]
             nodes = [(n.name, n.state, n.flags, n.reason) for n in self.nodes()]
             raise LabError(f"{exc}: jobs {jobs}, nodes {nodes}") from None
+
+    def delete_reservations(self) -> None:
+        """Every reservation a test left (a sweep's, the spares pool, a job's spare): a
+        reserved node is IDLE+RESERVED and no other test's job may land there."""
+        shown = self.slurm(["scontrol", "-o", "show", "reservation"], check=False).stdout
+        for name in re.findall(r"^ReservationName=(\S+)", shown, flags=re.MULTILINE):
+            self.slurm(["scontrol", "delete", f"reservationname={name}"], check=False)
 
     def export_lines(self) -> list[str]:
         """Shell lines that point a terminal at this lab (printed by `up`, kept in env.sh)."""
