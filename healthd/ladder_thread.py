@@ -546,6 +546,7 @@ def attach_ladder(daemon: LadderDaemon) -> LadderThread:
     thread = LadderThread(daemon, ladder, episodes, webhook, seen=seen)
     attach_spares(daemon, ladder, thread)
     attach_burn_in(daemon, ladder, thread)
+    attach_isolation(daemon, ladder)
     thread.hangs = watch_hangs(daemon, thread)
     return thread
 
@@ -560,6 +561,23 @@ def attach_burn_in(daemon: LadderDaemon, ladder: Ladder, thread: LadderThread) -
 
     ladder.burn_in = settings
     thread.burn_in = BurnInRunner(ladder, settings)
+
+
+def attach_isolation(daemon: LadderDaemon, ladder: Ladder) -> None:
+    """Single-GPU isolation (remediation.isolator), `[remediation.isolation]` read at every
+    use: off (the default), the ladder decides none; a record already made is still
+    recovered and restored (only GPUs in Medic's own record)."""
+    from medic_core.settings import IsolationSettings
+    from remediation.isolator import Isolator
+
+    def event(message: str, severity: str) -> None:
+        ladder.host.event(message, severity=severity, fault_class="gpu.isolation", target="")
+
+    def isolator() -> Isolator:
+        settings = IsolationSettings.from_config(daemon.config)
+        return Isolator(daemon.node, ladder.store, ladder.slurm, settings, event=event)
+
+    ladder.isolation = isolator
 
 
 def attach_spares(daemon: LadderDaemon, ladder: Ladder, thread: LadderThread) -> None:

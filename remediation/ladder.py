@@ -50,6 +50,8 @@ from remediation.decide import (
     decide_fault,
     primary,
 )
+from remediation.isolation import APPLIED, INTENT, RESTORED, RESTORING, gres_count, recorded
+from remediation.isolator import IsolationError, Isolator
 from remediation.policy import LemonScore, Rung, after_failure
 
 log = logging.getLogger("medic.remediation")
@@ -121,6 +123,11 @@ class Ladder:
     # `[remediation.burn_in]`, read at each use (set by the daemon): the verification after a
     # reboot rung, of a failed burn-in's episode and of a node back from RMA adds its checks.
     burn_in: Callable[[], BurnInSettings] | None = None
+    # Single-GPU isolation (remediation.isolator), `[remediation.isolation]` read at each use
+    # (set by the daemon). A GPU-reset episode whose fault policy allows takes the GPU out of
+    # the node's GRES once the node is idle (the node serves jobs on the others while the GPU
+    # is reset), and the re-qualified GPU comes back (`restore`) instead of the plain resume.
+    isolation: Callable[[], Isolator] | None = None
 
     def __init__(
         self,
@@ -391,11 +398,24 @@ class Ladder:
                 fault_class=episode.fault_class,
                 target=episode.target,
             )
+        record = recorded(episode.evidence) if self.isolation is not None else None
+        if record is not None and record.state in (INTENT, RESTORING):
+            return self._isolation_recover(episode, record.state)
+        alone = record is not None and record.state == APPLIED
+        if alone and episode.rung != int(Rung.GPU_RESET) and episode.state == ep.WAITING_IDLE:
+            self._drain_whole(episode)  # a rung past the GPU's reset needs the whole node
+            alone = False
         if episode.state == ep.WAITING_IDLE:
-            if self.host.jobs_running():
+            # With the GPU isolated, the other GPUs' jobs do not hold its reset up (the
+            # reset waits only for the GPU itself: _act's gpu_busy).
+            if not alone and self.host.jobs_running():
                 return self._note_a_long_wait(episode)
             if self._cooling_down(episode):
                 return episode
+            if record is None and episode.rung == int(Rung.GPU_RESET):
+                isolated = self._isolate(episode)
+                if isolated is not None:
+                    return isolated  # the reset on the next tick, the node back in service
             return self._act(episode)
         if episode.state == ep.ACTING:
             return self._recover_acting(episode)
@@ -746,8 +766,76 @@ class Ladder:
             return self._rma(episode, why)
         return episode
 
+    # ---- single-GPU isolation (remediation.isolator) ----------------------------------
+
+    def _isolate(self, episode: ep.Episode) -> ep.Episode | None:
+        """The episode's GPU out of the node's GRES if `[remediation.isolation]` allows; None:
+        not isolated (the ladder goes on as before, the node drained whole)."""
+        isolator = self.isolation() if self.isolation is not None else None
+        if isolator is None or not isolator.settings.enabled:
+            return None
+        try:
+            info = self.slurm.node(self.node)
+        except SlurmError as exc:
+            log.warning("%s: no isolation: cannot read Slurm: %s", self.node, exc)
+            return None
+        total = gres_count(info.gres) if info is not None else None
+        if not total:
+            return None
+        try:
+            return isolator.isolate(episode, total)
+        except (IsolationError, SlurmError) as exc:
+            return self._isolation_failed(episode, exc)
+
+    def _isolation_recover(self, episode: ep.Episode, state: str) -> ep.Episode:
+        """A record left at `intent` (the apply command may not have run) is carried out
+        again; one at `restoring` once the node is idle, then the episode resolves."""
+        assert self.isolation is not None
+        jobs = state == RESTORING and self.host.jobs_running()
+        try:
+            episode = self.isolation().recover(episode, jobs)
+        except (IsolationError, SlurmError) as exc:
+            return self._isolation_failed(episode, exc)
+        after = recorded(episode.evidence)
+        if after is not None and after.state == RESTORED:
+            return self._resolve(episode, f"GPU(s) {list(after.gpus)} back in the GRES")
+        return episode
+
+    def _restore(self, episode: ep.Episode, isolator: Isolator) -> ep.Episode:
+        """Repaired and re-qualified: the isolated GPU(s) come back; the node is drained
+        until idle (tick's recover finishes it), then resumed by the isolator."""
+        try:
+            episode = isolator.restore(episode, self.host.jobs_running())
+        except (IsolationError, SlurmError) as exc:
+            return self._isolation_failed(episode, exc)
+        after = recorded(episode.evidence)
+        if after is not None and after.state == RESTORED:
+            return self._resolve(episode, f"GPU(s) {list(after.gpus)} back in the GRES")
+        return episode
+
+    def _drain_whole(self, episode: ep.Episode) -> None:
+        reason = format_reason(episode.fault_class, episode.target, "isolated GPU: next rung")
+        try:
+            drain_if_allowed(self.slurm, self.node, reason)
+        except SlurmError as exc:
+            log.warning("%s: could not drain the node for the next rung: %s", self.node, exc)
+
+    def _isolation_failed(self, episode: ep.Episode, exc: Exception) -> ep.Episode:
+        """The apply command failed or Slurm did not show the count: the node's Slurm
+        configuration may be half-changed, which is a human's to look at."""
+        why = f"single-GPU isolation failed: {str(exc)[:300]}"
+        self.host.event(
+            why, severity="CRITICAL", fault_class=episode.fault_class, target=episode.target
+        )
+        return self.store.update(
+            episode.id, state=ep.NEEDS_HUMAN, message=f"{episode.message}; {why}"
+        )
+
     def _resolve(self, episode: ep.Episode, outcome: str | None = None) -> ep.Episode:
         """`outcome`: of `_give_back`, if the caller has given the node back already."""
+        record = recorded(episode.evidence) if outcome is None else None
+        if record is not None and record.state in (APPLIED, RESTORING) and self.isolation:
+            return self._restore(episode, self.isolation())
         if outcome is None:
             try:
                 outcome = self._give_back()

@@ -1296,3 +1296,158 @@ def test_a_slurm_error_on_the_requalification_resume_is_retried(world: World) ->
     world.tick("n1")
     assert in_service(world, "n1") and world.last("n1").state == ep.RESOLVED
     assert not tickets.needs_requalification(world.store, "n1")
+
+
+# --- single-GPU isolation (remediation.isolator) through the ladder ---------------------------
+
+
+class Gres:
+    """The site's apply command and the GPU count Slurm shows for each node after it."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.count = dict.fromkeys(NODES, 8)
+        self.applied: list[list[str]] = []
+        self.fail = False
+        real = world.slurm.node
+
+        def node(name: str) -> NodeInfo | None:
+            info = real(name)
+            return dataclasses.replace(info, gres=f"gpu:{self.count[name]}") if info else None
+
+        world.slurm.node = node  # type: ignore[method-assign]
+
+    def run(self, argv: Sequence[str], *, timeout: float) -> CommandResult:
+        self.applied.append(list(argv))
+        if self.fail:
+            return CommandResult(tuple(argv), 1, "", "slurmctld did not restart", 0.1)
+        _, node, _keep, isolated = argv
+        self.count[node] = 8 - len(isolated.split(",")) if isolated else 8
+        return CommandResult(tuple(argv), 0, "", "", 0.1)
+
+
+def format_reason(fault_class: str, target: str) -> str:
+    from medic_core.drain_reason import format_reason as medic_reason
+
+    return medic_reason(fault_class, target)
+
+
+def isolating(world: World, monkeypatch: pytest.MonkeyPatch, enabled: bool = True) -> Gres:
+    from medic_core.settings import IsolationSettings
+    from remediation.isolator import Isolator
+
+    gres = Gres(world)
+    settings = IsolationSettings(
+        enabled=enabled, apply=("apply", "{node}", "{keep}", "{isolated}"), settle_timeout=1.0
+    )
+
+    def isolator() -> Isolator:
+        host = world.nodes["n1"]
+        return Isolator("n1", world.episodes, world.slurm, settings,  # type: ignore[arg-type]
+                        event=lambda m, s: host.event(m, severity=s, fault_class="gpu.isolation",
+                                                      target=""),
+                        run=gres.run, sleep=lambda _s: None)  # fmt: skip
+
+    monkeypatch.setattr(Ladder, "isolation", staticmethod(isolator))
+    return gres
+
+
+def isolation_state(world: World) -> str:
+    from remediation.isolation import recorded
+
+    record = recorded(world.last("n1").evidence)
+    return record.state if record else "none"
+
+
+def test_an_isolated_gpu_is_reset_while_the_node_serves_jobs_then_comes_back(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gres = isolating(world, monkeypatch)
+    world.fault("n1", XID_95)  # GPU 3
+    assert not in_service(world, "n1")
+    world.tick("n1")  # idle: GPU 3 leaves the GRES, the node is back with 7
+    assert isolation_state(world) == "applied" and gres.count["n1"] == 7
+    assert gres.applied == [["apply", "n1", "0-2,4-7", "3"]]
+    assert in_service(world, "n1") and world.last("n1").state == ep.WAITING_IDLE
+    world.slurm.start_job("10", "n1")  # a job on the other GPUs
+    world.tick("n1")  # the reset of GPU 3 does not wait for it
+    assert [a[0] for a, _ in world.nodes["n1"].commands] == ["fake-gpu-reset"]
+    assert world.last("n1").state == ep.VERIFYING
+    world.tick("n1")  # re-qualified: the node drains to take GPU 3 back, the job runs on
+    assert isolation_state(world) == "restoring" and not in_service(world, "n1")
+    assert world.slurm.by_name["n1"].reason == format_reason("gpu.isolation.restore", "gpu3")
+    world.tick("n1")
+    assert isolation_state(world) == "restoring" and world.last("n1").open
+    assert len(gres.applied) == 1  # never under a running job
+    world.slurm.end_job("10")
+    world.tick("n1")
+    done = world.last("n1")
+    assert done.state == ep.RESOLVED and isolation_state(world) == "restored"
+    assert gres.count["n1"] == 8 and gres.applied[-1] == ["apply", "n1", "0-7", ""]
+    assert in_service(world, "n1") and world.nodes["n1"].said("back in the GRES")
+    assert world.nodes["n1"].verifications == 1
+
+
+def test_isolation_off_changes_nothing(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    gres = isolating(world, monkeypatch, enabled=False)
+    world.fault("n1", XID_95)
+    episode = world.run("n1")
+    assert_repaired_once(world, "n1", episode)
+    assert gres.applied == [] and isolation_state(world) == "none"
+    assert not world.nodes["n1"].said("isolation")
+
+
+def test_a_fault_policy_refuses_is_repaired_with_the_whole_node_drained(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gres = isolating(world, monkeypatch)
+    world.fault("n1", ECC)  # gpu.ecc.dbe is not among the faults
+    episode = world.run("n1")
+    assert_repaired_once(world, "n1", episode)
+    assert gres.applied == [] and world.nodes["n1"].said("no isolation")
+
+
+def test_a_record_left_at_intent_is_carried_out_once_more_without_a_new_decision(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gres = isolating(world, monkeypatch)
+    world.slurm.admin_drain("n1", format_reason("gpu.xid.95", "gpu3"))
+    record = {"gpus": [3], "gpus_total": 8, "state": "intent"}
+    world.opened("n1", ep.WAITING_IDLE, evidence={"isolation": record})
+    world.tick("n1")  # the restarted daemon: the same state, applied again, confirmed
+    assert isolation_state(world) == "applied" and gres.applied == [["apply", "n1", "0-2,4-7", "3"]]
+    assert in_service(world, "n1") and world.nodes["n1"].commands == []
+
+
+def test_an_apply_that_fails_stops_at_a_human_with_the_node_drained(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gres = isolating(world, monkeypatch)
+    gres.fail = True
+    world.fault("n1", XID_95)
+    world.tick("n1")
+    last = world.last("n1")
+    assert last.state == ep.NEEDS_HUMAN and "isolation failed" in last.message
+    assert not in_service(world, "n1") and world.nodes["n1"].commands == []
+
+
+def test_a_rung_past_the_reset_drains_the_isolated_node_whole_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gres = isolating(world, monkeypatch)
+    world.fault("n1", XID_95)
+    world.tick("n1")
+    assert isolation_state(world) == "applied" and in_service(world, "n1")
+    world.nodes["n1"].hardware_fault = True  # the reset does not cure it
+    world.slurm.start_job("11", "n1")
+    for _ in range(10):  # the resets (each attempt), each verified CRITICAL again
+        world.tick("n1")
+        world.clock.advance(3600)
+        if world.last("n1").rung != int(Rung.GPU_RESET):
+            break
+    resets = len(world.nodes["n1"].commands)
+    assert world.last("n1").rung == int(Rung.DRIVER_RELOAD) and in_service(world, "n1")
+    world.tick("n1")  # the driver reload needs the node whole: drained, waits for the job
+    assert not in_service(world, "n1") and world.nodes["n1"].said("did not repair")
+    assert len(world.nodes["n1"].commands) == resets
+    assert gres.count["n1"] == 7
