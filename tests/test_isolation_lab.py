@@ -13,6 +13,8 @@ import pytest
 
 from cli.lab import isolate as lab_isolate
 from cli.lab.cluster import Lab
+from cli.lab.slurm_conf import with_check_options
+from healthd.checks import registry
 from medic_core.drain_reason import format_reason
 from medic_core.settings import IsolationSettings
 from medic_core.slurm import CliSlurm
@@ -138,3 +140,73 @@ def test_an_xid_on_gpu5_leaves_seven_gpus_schedulable(
     ).stdout.strip()
     poll("the 8-GPU job on n1", lambda: job_fields(lab, whole)["JobState"] == "RUNNING")
     assert "gpu:8(IDX:0-7)" in job_fields(lab, whole)["GRES"]
+
+
+def daemon_config(lab: Lab, tmp_path: Path) -> Path:
+    """The lab's medic.toml, every check every 2 s, isolation on with the lab's apply command.
+    gpu_processes is off: the test holds GPU 5's reset with an injected process on it."""
+    special = {"gpu_count": "expected_count = 8\n", "gpu_processes": "enabled = false\n"}
+    options = {s.name: f"interval = 2\n{special.get(s.name, '')}" for s in registry()}
+    apply = [sys.executable, "-m", "cli.lab.isolate", "--lab-root", str(lab.root),
+             "--node", "{node}", "--keep", "{keep}"]  # fmt: skip
+    extra = (
+        "\n[remediation.isolation]\nenabled = true\nsettle_timeout = 20.0\n"
+        f"apply = {json.dumps(apply)}\n"
+    )
+    path = tmp_path / "medic.toml"
+    path.write_text(with_check_options(lab.layout.medic_conf.read_text(), options) + extra)
+    return path
+
+
+def test_the_daemon_isolates_gpu5_after_an_xid_and_gives_it_back_after_its_reset(
+    isolated_lab: Lab, store: Store, tmp_path: Path
+) -> None:
+    """Through the daemon's own fault path: XID 95 injected on GPU 5 of n1, the ladder
+    isolates it (n1 offers gpu:7, a 4-GPU job starts there without GPU 5, the prolog lets it
+    in despite GPU 5's standing fault), then resets the GPU, re-qualifies it and restores
+    gpu:8 once the job has ended."""
+    lab = isolated_lab
+    slurm = CliSlurm(env=lab.env(), timeout=15)
+    episodes = ep.EpisodeStore(store)
+    lab.start_healthd("n1", config=daemon_config(lab, tmp_path))
+    poll("first round", lambda: bool(store.conditions("n1", type="gpu_count")), timeout=20)
+    # A process on GPU 5 holds its reset ("only when no process holds it") until released.
+    lab.inject("n1", 5, ["process=4242:64", "xid=95"])
+
+    def state() -> str:
+        found = episodes.find(node="n1")
+        record = recorded(found[-1].evidence) if found else None
+        return record.state if record else "none"
+
+    def offers(count: int) -> bool:
+        node = slurm.node("n1")
+        return node is not None and gres_count(node.gres) == count and not node.drained
+
+    poll("GPU 5 isolated, n1 back with 7", lambda: state() == APPLIED and offers(7), timeout=40)
+    files = [0, 1, 2, 3, 4, 6, 7]
+    four = lab.slurm(
+        ["sbatch", "--parsable", "-w", "n1", "--gres=gpu:4", "--wrap", "sleep 120"]
+    ).stdout.strip()
+    poll("the 4-GPU job running", lambda: job_fields(lab, four)["JobState"] == "RUNNING")
+    four_files = allocated_files(lab, four, files)
+    assert len(four_files) == 4 and 5 not in four_files
+
+    def gate() -> list[bool]:  # the prolog's decision for the job, as the daemon recorded it
+        return [(e.evidence["allow"], e.evidence["status"])
+                for e in store.events("n1", kind="gate")
+                if e.target == f"job:{four}"]  # fmt: skip
+
+    poll("the prolog's decision recorded", lambda: bool(gate()))
+    assert gate() == [(True, "CRITICAL")]  # GPU 5's XID still stands: left out
+    eight = lab.slurm(["sbatch", "-w", "n1", "--gres=gpu:8", "--wrap", "true"], check=False)
+    assert "Requested node configuration is not available" in eight.stderr
+
+    lab.inject("n1", 5, ["process=none"])  # the reset may run now
+    poll("reset, re-qualified, draining to restore", lambda: state() == RESTORING, timeout=30)
+    assert job_fields(lab, four)["JobState"] == "RUNNING"  # drained, not killed
+    lab.slurm(["scancel", four])
+    poll("n1 back with 8", lambda: state() == RESTORED and offers(8), timeout=40)
+    last = episodes.find(node="n1")[-1]
+    assert last.state == ep.RESOLVED, last.message
+    steps = episodes.steps(last.id)
+    assert [s.action for s in steps] == ["gpu_reset"] and steps[-1].state == "done"
