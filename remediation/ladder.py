@@ -143,6 +143,7 @@ class Ladder:
         self.host = host
         self.settings = settings
         self._last_requalify = -REQUALIFY_RETRY
+        self._not_isolated: set[int] = set()  # episodes isolation was decided against
 
     # ---- admission: before Medic drains anything --------------------------------------
 
@@ -772,7 +773,7 @@ class Ladder:
         """The episode's GPU out of the node's GRES if `[remediation.isolation]` allows; None:
         not isolated (the ladder goes on as before, the node drained whole)."""
         isolator = self.isolation() if self.isolation is not None else None
-        if isolator is None or not isolator.settings.enabled:
+        if isolator is None or not isolator.settings.enabled or episode.id in self._not_isolated:
             return None
         try:
             info = self.slurm.node(self.node)
@@ -780,12 +781,13 @@ class Ladder:
             log.warning("%s: no isolation: cannot read Slurm: %s", self.node, exc)
             return None
         total = gres_count(info.gres) if info is not None else None
-        if not total:
-            return None
         try:
-            return isolator.isolate(episode, total)
+            done = isolator.isolate(episode, total) if total else None
         except (IsolationError, SlurmError) as exc:
             return self._isolation_failed(episode, exc)
+        if done is None:  # decided once per episode (a GPU still busy retries the reset only)
+            self._not_isolated.add(episode.id)
+        return done
 
     def _isolation_recover(self, episode: ep.Episode, state: str) -> ep.Episode:
         """A record left at `intent` (the apply command may not have run) is carried out

@@ -1402,9 +1402,14 @@ def test_a_fault_policy_refuses_is_repaired_with_the_whole_node_drained(
 ) -> None:
     gres = isolating(world, monkeypatch)
     world.fault("n1", ECC)  # gpu.ecc.dbe is not among the faults
+    world.nodes["n1"].busy_gpus.add(1)  # the reset waits for the GPU: ticks in between
+    for _ in range(3):
+        world.tick("n1")
+        world.clock.advance(TICK)
+    world.nodes["n1"].busy_gpus.clear()
     episode = world.run("n1")
     assert_repaired_once(world, "n1", episode)
-    assert gres.applied == [] and world.nodes["n1"].said("no isolation")
+    assert gres.applied == [] and len(world.nodes["n1"].said("no isolation")) == 1
 
 
 def test_a_record_left_at_intent_is_carried_out_once_more_without_a_new_decision(
