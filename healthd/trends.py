@@ -236,6 +236,16 @@ class SeriesBook:
             log.warning("%s: trend series not saved: %s", self.path, exc)
 
 
+def book_for(book: SeriesBook | None, path: Path | None, keep: int) -> SeriesBook:
+    """A check's book for this round: `book` while it keeps the same file, else a new one
+    loaded from `path` (a reload may move state_dir); `keep` as configured now."""
+    if book is None or book.path != path:
+        book = SeriesBook(path, keep=keep)
+        book.load()
+    book.keep = keep
+    return book
+
+
 def compact(points: Sequence[Point], last: int = 6) -> list[list[float]]:
     """The newest points as evidence: [[unix seconds, value], ...]."""
     return [[round(t), v if v != int(v) else int(v)] for t, v in points[-last:]]

@@ -46,6 +46,7 @@ from healthd.trends import (
     Limits,
     Point,
     SeriesBook,
+    book_for,
     compact,
     judge,
     stats,
@@ -144,14 +145,6 @@ class TrendsCheck(Check[TrendsObservation, TrendsConfig]):
     def __init__(self) -> None:
         self._book: SeriesBook | None = None
 
-    def _series_book(self, ctx: CheckContext, cfg: TrendsConfig) -> SeriesBook:
-        path = ctx.state_dir / STATE_FILE if ctx.state_dir is not None else None
-        if self._book is None or self._book.path != path:
-            self._book = SeriesBook(path, keep=cfg.keep)
-            self._book.load()
-        self._book.keep = cfg.keep
-        return self._book
-
     def gather(self, ctx: CheckContext, cfg: TrendsConfig) -> TrendsObservation:
         now = ctx.clock.now().timestamp()
         client: Any = gpu_context(ctx).client
@@ -162,7 +155,8 @@ class TrendsCheck(Check[TrendsObservation, TrendsConfig]):
             return TrendsObservation(GpuSamples(missing), now)
         source: TrendSource = client
         raw = sample_gpus(client, source.trend_counters)
-        book = self._series_book(ctx, cfg)
+        path = ctx.state_dir / STATE_FILE if ctx.state_dir is not None else None
+        book = self._book = book_for(self._book, path, cfg.keep)
         horizon = max(cfg.window, cfg.min_span)
         samples = []
         for s in raw.samples:

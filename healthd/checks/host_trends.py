@@ -33,7 +33,7 @@ from healthd.checks.base import (
     setting,
 )
 from healthd.hostfs import list_dir, read_int
-from healthd.trends import Limits, Point, SeriesBook, compact, judge, stats
+from healthd.trends import Limits, Point, SeriesBook, book_for, compact, judge, stats
 
 NAME = "host_trends"
 STATE_FILE = "host_trends.json"
@@ -161,11 +161,7 @@ class HostTrendsCheck(Check[HostTrendsObservation, HostTrendsConfig]):
     def gather(self, ctx: CheckContext, cfg: HostTrendsConfig) -> HostTrendsObservation:
         now = ctx.clock.now().timestamp()
         path = ctx.state_dir / STATE_FILE if ctx.state_dir is not None else None
-        if self._book is None or self._book.path != path:
-            self._book = SeriesBook(path, keep=cfg.keep)
-            self._book.load()
-        book = self._book
-        book.keep = cfg.keep
+        book = self._book = book_for(self._book, path, cfg.keep)
         horizon = max(cfg.window, cfg.min_span)
         counters, problems = read_counters(ctx)
         series: dict[str, dict[str, tuple[Point, ...]]] = {}
