@@ -64,6 +64,7 @@ log = logging.getLogger("medic.healthd")
 ACTIONABLE_WARN = ("gpu_reset_when_idle", "restart_app", "drain_after_job")
 STORE_RETRY = 5.0  # seconds between tries of a store that refused a write
 JOURNAL_LOOK = 10.0  # seconds between looks for journal entries to replay (two listings)
+COALESCE_SECONDS = 2.0  # a check due this soon (at most a quarter of its interval) runs now
 REFRESH_SECONDS = 300.0  # an unchanged condition's message, evidence and updated_at
 # The scheduler never waits long for the runner: a run asked for through the socket (a
 # sweep's deep probe) may hold it for up to the deep checks' timeouts, an hour, far past
@@ -204,16 +205,27 @@ class HealthDaemon:
         jitter = self.settings.jitter
         return float(base * (1 + random.uniform(-jitter, jitter)))
 
+    def _early(self, name: str) -> float:
+        """How long before it is due a check joins the round that runs now: checks whose
+        jittered times fall close together run in one round (one wake-up of the scheduler
+        and of the check threads instead of one each)."""
+        spec, cfg = self.checks.specs.get(name), self.checks.configs.get(name)
+        if spec is None or cfg is None:
+            return 0.0
+        return min(COALESCE_SECONDS, spec.interval_for(cfg) / 4)
+
     def run_due(self) -> RunReport | None:
         """Run the checks that are due; None when none are, or when the runner stays busy
         (another run holds it) for `runner_wait` seconds: those are due again `busy_retry`
         seconds later, and this returns so the scheduler's heartbeat goes on."""
         now = time.monotonic()
-        due = [name for name, at in list(self._due.items()) if at <= now]
+        due_at = {n: at for n, at in list(self._due.items()) if at <= now + self._early(n)}
+        due = list(due_at)
         if not due:
             return None
-        # Before the run, so an event during it makes the check due again.
-        planned = {name: now + self._interval(name) for name in due}
+        # Before the run, so an event during it makes the check due again. A check run early
+        # (to join this round) keeps its own pace: its next time counts from when it was due.
+        planned = {name: max(now, at) + self._interval(name) for name, at in due_at.items()}
         self._due.update(planned)
         try:
             report = self.checks.run(due, wait=self.runner_wait)

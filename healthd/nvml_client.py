@@ -23,7 +23,6 @@ plain data into their observations and `evaluate()` stays pure.
 from __future__ import annotations
 
 import ctypes
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +31,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
+
+from healthd.workers import WorkerPool
 
 T = TypeVar("T")
 
@@ -381,51 +382,6 @@ class _Slot:
     error: BaseException | None = None
 
 
-class _Worker:
-    """A thread that makes NVML calls handed to it, one at a time. Reused across calls (a
-    thread per call was a measurable share of the daemon's CPU); a worker whose call overran
-    its deadline is abandoned by the pool and exits when (if ever) the call returns."""
-
-    def __init__(self, pool: _WorkerPool) -> None:
-        self._pool = pool
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], _Slot]] = queue.SimpleQueue()
-        self.abandoned = False
-        self.thread = threading.Thread(target=self._loop, name="nvml-call", daemon=True)
-        self.thread.start()
-
-    def submit(self, call: Callable[[], Any], slot: _Slot) -> None:
-        self._jobs.put((call, slot))
-
-    def _loop(self) -> None:
-        while True:
-            call, slot = self._jobs.get()
-            try:
-                slot.value = call()
-            except BaseException as exc:
-                slot.error = exc
-            finally:
-                slot.done.set()
-            if self.abandoned:
-                return
-            self._pool.put_back(self)
-
-
-class _WorkerPool:
-    def __init__(self) -> None:
-        self._idle: list[_Worker] = []
-        self._lock = threading.Lock()
-
-    def take(self) -> _Worker:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return _Worker(self)
-
-    def put_back(self, worker: _Worker) -> None:
-        with self._lock:
-            self._idle.append(worker)
-
-
 @dataclass
 class _Streak:
     timeouts: int = 0
@@ -466,7 +422,7 @@ class PynvmlClient:
         self._lock = threading.Lock()
         self._init_lock = threading.Lock()
         self._hung: dict[tuple[str, int | None], _Slot] = {}  # calls that overran
-        self._workers = _WorkerPool()
+        self._workers = WorkerPool("nvml-call")
         self._streaks: dict[int, _Streak] = {}
         self._info: dict[int, GpuInfo] = {}
         self._handle_index: dict[int, int] = {}  # device handle address -> index (events)
@@ -564,10 +520,18 @@ class PynvmlClient:
             self._record(gpu, function, "timeout")
             raise NvmlTimeout(function, gpu, timeout, still_hung=True)
         slot = _Slot()
-        worker = self._workers.take()
-        worker.submit(call, slot)
+
+        def make_call() -> None:
+            try:
+                slot.value = call()
+            except BaseException as exc:
+                slot.error = exc
+            finally:
+                slot.done.set()
+
+        worker = self._workers.start(make_call, f"nvml-{function}")
         if not slot.done.wait(timeout):
-            worker.abandoned = True
+            worker.abandon()
             with self._lock:
                 self._hung[key] = slot
             self._record(gpu, function, "timeout")

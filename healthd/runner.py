@@ -1,4 +1,5 @@
-"""Runs checks, each in its own daemon thread with its own timeout.
+"""Runs checks, each on its own thread (healthd.workers: reused across runs) with its own
+timeout.
 
 A check that raises or overruns yields UNKNOWN (never a hardware verdict) with the reason
 in the evidence. An overrunning check keeps its thread (Python cannot kill a thread, and a
@@ -10,6 +11,7 @@ copy, so one hang costs one thread, not one per interval.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import threading
 import time
 import traceback
@@ -29,6 +31,7 @@ from healthd.checks.base import (
     Tier,
     fault,
 )
+from healthd.workers import Worker, WorkerPool
 
 
 class RunState(StrEnum):
@@ -83,7 +86,7 @@ class _Slot:
 
 @dataclass
 class _Hung:
-    thread: threading.Thread
+    worker: Worker
     since: dt.datetime
     started: float
 
@@ -114,6 +117,7 @@ class Runner:
         }
         self._checks: dict[str, Check[Any, Any]] = {n: s.create() for n, s in self.specs.items()}
         self._hung: dict[str, _Hung] = {}
+        self._workers = WorkerPool("check")
         self._lock = threading.Lock()  # one run at a time
         self._hung_lock = threading.Lock()  # the hung-check bookkeeping, held only briefly
 
@@ -169,7 +173,7 @@ class Runner:
 
     def _reap(self) -> None:
         """Forget hung checks whose thread has returned (under `_hung_lock`)."""
-        for name in [n for n, h in self._hung.items() if not h.thread.is_alive()]:
+        for name in [n for n, h in self._hung.items() if not h.worker.thread.is_alive()]:
             del self._hung[name]
 
     def run(
@@ -203,7 +207,7 @@ class Runner:
             self._reap()
             hung_now = dict(self._hung)
         outcomes: dict[str, CheckOutcome] = {}
-        running: dict[str, tuple[threading.Thread, _Slot, float, float]] = {}
+        running: dict[str, tuple[Worker, _Slot, float, float]] = {}
         for name in names:
             spec, cfg = specs[name], configs[name]
             missing = [need for need in spec.needs if not self.ctx.provides(need)]
@@ -232,22 +236,19 @@ class Runner:
             if budget is not None:
                 timeout = min(timeout, budget)
             slot = _Slot()
-            thread = threading.Thread(
-                target=self._work,
-                args=(instances[name], cfg, slot),
-                name=f"check-{name}",
-                daemon=True,
+            started = time.monotonic()
+            worker = self._workers.start(
+                functools.partial(self._work, instances[name], cfg, slot), f"check-{name}"
             )
-            thread_start = time.monotonic()
-            thread.start()
-            running[name] = (thread, slot, thread_start + timeout, timeout)
+            running[name] = (worker, slot, started + timeout, timeout)
 
-        for name, (thread, slot, deadline, timeout) in running.items():
+        for name, (worker, slot, deadline, timeout) in running.items():
             if slot.done.wait(max(0.0, deadline - time.monotonic())):
                 outcomes[name] = self._collect(name, slot)
                 continue
+            worker.abandon()
             with self._hung_lock:
-                self._hung[name] = _Hung(thread, self.ctx.clock.now(), deadline - timeout)
+                self._hung[name] = _Hung(worker, self.ctx.clock.now(), deadline - timeout)
             result = _unknown(
                 name,
                 "check.timeout",
