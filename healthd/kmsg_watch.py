@@ -4,9 +4,10 @@ warnings and worse), so a driver-logged XID or an MCE is judged in well under a 
 instead of at the next interval. The checks still do the reading and judging themselves
 (from their own sequence number): this thread only says "look now".
 
-On the real device a blocking poll() waits for records; on a regular file (a fixture tree,
-the lab) the file's size and mtime are polled. Either way `stop()` returns within about one
-`tick`. Wake-ups are limited to one per check per `min_gap` seconds, so a log storm costs
+On the real device a poll() waits for records; on a regular file (a fixture tree, the lab)
+inotify says when it changed (its size and mtime polled every `tick` where inotify is
+missing). Either way the thread sleeps until there is something to read, and `stop()` wakes
+it at once. Wake-ups are limited to one per check per `min_gap` seconds, so a log storm costs
 at most one extra run per second.
 """
 
@@ -22,7 +23,9 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from healthd.inotify import FileWatch
 from healthd.kmsg import parse_header
+from healthd.wakeup import Wakeup
 
 log = logging.getLogger("medic.healthd.kmsg")
 
@@ -66,7 +69,7 @@ class KmsgWatcher:
         self._wake = wake
         self.tick = tick
         self.min_gap = min_gap
-        self._stop = threading.Event()
+        self._stop = Wakeup()
         self._thread: threading.Thread | None = None
         self._last_wake: dict[str, float] = {}
 
@@ -106,8 +109,9 @@ class KmsgWatcher:
             os.lseek(fd, 0, os.SEEK_END)  # only what is logged from now on
             poller = select.poll()
             poller.register(fd, select.POLLIN)
+            poller.register(self._stop.fileno(), select.POLLIN)
             while not self._stop.is_set():
-                if not poller.poll(self.tick * 1000):
+                if not poller.poll():
                     continue
                 names: set[str] = set()
                 while True:
@@ -126,9 +130,28 @@ class KmsgWatcher:
             os.close(fd)
 
     def _follow_file(self) -> None:
+        watch = FileWatch.open(self.path)
+        try:
+            self._follow_file_with(watch)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _follow_file_with(self, watch: FileWatch | None) -> None:
         seen = os.stat(self.path)
         size = seen.st_size
-        while not self._stop.wait(self.tick):
+        poller = select.poll()
+        poller.register(self._stop.fileno(), select.POLLIN)
+        if watch is not None:
+            poller.register(watch.fileno(), select.POLLIN)
+        while True:
+            if watch is None:
+                self._stop.wait(self.tick)
+            else:
+                poller.poll()
+                watch.drain()
+            if self._stop.is_set():
+                return
             now = os.stat(self.path)
             if (now.st_size, now.st_mtime_ns, now.st_ino) == (
                 seen.st_size,
@@ -142,5 +165,7 @@ class KmsgWatcher:
                     f.seek(size)
                 for line in f.read().decode(errors="replace").splitlines():
                     names.update(checks_for_line(line))
+            if watch is not None and now.st_ino != seen.st_ino:
+                watch.rewatch()  # the file was replaced under its name: watch the new one
             seen, size = now, now.st_size
             self._notify(names)

@@ -41,6 +41,10 @@ class Wakeup:
     def is_set(self) -> bool:
         return self._flag.is_set()
 
+    def fileno(self) -> int:
+        """Readable once set(): for a poll() that waits on other descriptors too."""
+        return self._read
+
     def wait(self, timeout: float | None = None) -> bool:
         """True when set(); False on timeout or when only a signal rang (its handler has
         run by the time the caller looks at what it set)."""
