@@ -163,6 +163,9 @@ def fmt(value: float) -> str:
 # --- the series themselves -----------------------------------------------------------------
 
 
+SAVE_EVERY = 50.0  # seconds of sample time; below the default interval (60 s, jitter 10 %)
+
+
 class SeriesBook:
     """Series by key ("<gpu uuid>/<counter>"), each at most `keep` points no older than
     `horizon` seconds. Not thread-safe: the check's gather is its only user."""
@@ -174,6 +177,7 @@ class SeriesBook:
         self.keep = keep
         self.series: dict[str, list[Point]] = {}
         self.loaded = path is None
+        self._saved_at: float | None = None
 
     def load(self) -> None:
         """Read the persisted series once; a missing file is an empty book, a bad one is
@@ -219,6 +223,15 @@ class SeriesBook:
 
     def get(self, key: str) -> list[Point]:
         return list(self.series.get(key, ()))
+
+    def save_due(self, now: float) -> None:
+        """save() at most once per SAVE_EVERY seconds of sample time `now`: a check run more
+        often than its default (every minute) rewrites the file every few runs, not at each;
+        a crash loses at most that much of a series that spans hours."""
+        if self._saved_at is not None and 0 <= now - self._saved_at < SAVE_EVERY:
+            return
+        self.save()
+        self._saved_at = now
 
     def save(self) -> None:
         if self.path is None:

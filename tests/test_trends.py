@@ -21,7 +21,7 @@ from healthd.checks.base import CheckContext, Result, Status
 from healthd.checks.gpu_common import GpuContext, GpuSample, GpuSamples
 from healthd.checks.gpu_trends import GpuSeries, TrendsCheck, TrendsConfig, TrendsObservation
 from healthd.nvml_client import GpuInfo, PynvmlClient, Reading
-from healthd.trends import Limits, Point, SeriesBook, describe, judge, stats
+from healthd.trends import SAVE_EVERY, Limits, Point, SeriesBook, describe, judge, stats
 from medic_core.vocabulary import Finding, Recommendation
 from remediation.decide import (
     WAITING_IDLE,
@@ -178,6 +178,28 @@ def test_a_gauge_counts_its_net_change_and_has_no_acceleration_rule() -> None:
 
 
 # ---- the series book ----------------------------------------------------------------------------
+
+
+def test_a_book_sampled_often_is_written_once_per_save_every(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "trends.json"
+    book = SeriesBook(path, keep=100)
+    written: list[float] = []
+    for i in range(13):  # every 10 s for 2 minutes
+        t = T0 + 10 * i
+        book.add("GPU-a/ecc_corrected", t, float(i), horizon=3600)
+        book.save_due(t)
+        saved = SeriesBook(path, keep=100)
+        saved.load()
+        last = saved.get("GPU-a/ecc_corrected")[-1][0]
+        if not written or last != written[-1]:
+            written.append(last)
+    assert SAVE_EVERY == 50
+    assert written == [T0, T0 + 50, T0 + 100]
+    path.unlink()
+    book.save_due(T0 + 125)  # 25 s after the last write: held
+    assert not path.exists()
+    book.save_due(T0 - 100)  # the clock stepped back: written, not held for SAVE_EVERY
+    assert path.exists()
 
 
 def test_the_series_survive_a_restart_and_a_bad_file_is_an_empty_book(tmp_path: Path) -> None:

@@ -186,7 +186,7 @@ class TrendsCheck(Check[TrendsObservation, TrendsConfig]):
             samples.append(GpuSample(s.index, s.info, Reading(GpuSeries(series))))
         sampled = [series_key(s, c) for s in raw.samples for c in COUNTERS]
         book.forget_except(sampled, now, horizon)
-        book.save()
+        book.save_due(now)
         return TrendsObservation(GpuSamples(raw.count, tuple(samples)), now)
 
     @staticmethod

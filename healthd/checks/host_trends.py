@@ -173,7 +173,7 @@ class HostTrendsCheck(Check[HostTrendsObservation, HostTrendsConfig]):
         book.forget_except(
             [f"{t}/{c}" for t, values in counters.items() for c in values], now, horizon
         )
-        book.save()
+        book.save_due(now)
         return HostTrendsObservation(series, now, problems)
 
     @staticmethod
