@@ -60,6 +60,12 @@ class LadderDaemon(HostDaemon, Protocol):
     def latest(self, name: str) -> tuple[float, tuple[Result, ...]] | None: ...
 
 
+# With no episode open, nothing to answer again and burn-in settled, the ladder looks every
+# IDLE_EVERY seconds (a fault wakes it at once): what it then finds without being woken (an
+# RMA ticket opened or closed by an admin, a pause lifted) is human-paced.
+IDLE_EVERY = 5.0
+
+
 class LadderThread:
     def __init__(
         self,
@@ -69,6 +75,7 @@ class LadderThread:
         webhook: WebhookSettings | None = None,
         *,
         every: float = 2.0,
+        idle_every: float = IDLE_EVERY,
         seen: SlurmSeen | None = None,
     ) -> None:
         self.daemon = daemon
@@ -77,6 +84,7 @@ class LadderThread:
         self.episodes = episodes
         self.webhook = webhook
         self.every = every
+        self.idle_every = idle_every
         self.lock = threading.Lock()  # one step at a time: a tick, or an admission
         self.wake = threading.Event()
         self._stop = threading.Event()
@@ -117,9 +125,10 @@ class LadderThread:
                         self.burn_in.tick()
                 except Exception:
                     log.exception("burn-in step failed")
+            quiet = False
             try:
                 with self.lock:
-                    self.ladder.tick()
+                    quiet = self.ladder.tick() is None
             except Exception as exc:
                 first = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
                 if first != failing:
@@ -142,7 +151,9 @@ class LadderThread:
                     deliver_pending(self.daemon.store, self.webhook)
                 except Exception:
                     log.exception("webhook delivery failed")
-            self.wake.wait(self.every)
+            quiet = quiet and not self._unanswered
+            quiet = quiet and (self.burn_in is None or self.burn_in.settled())
+            self.wake.wait(self.idle_every if quiet else self.every)
             self.wake.clear()
 
     def respond(self, faults: list[Result], again: bool = False) -> None:

@@ -116,6 +116,10 @@ class BurnInRunner:
             self._settled = settings
         return decision
 
+    def settled(self) -> bool:
+        """Nothing left to do under the settings in force (tick() returns None at once)."""
+        return self._settled is not None and self._settled is self.settings()
+
     def drain_first(self) -> bool:
         """Only the drain, at once: the daemon calls it before it tells systemd it is ready,
         and systemd starts slurmd after that (Before=slurmd.service), so a node never burnt
