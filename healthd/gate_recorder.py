@@ -2,10 +2,18 @@
 
 A gate decision is an event of the node (kind "gate"), but the prolog waits for nothing but
 the verdict: the socket replies first and the event goes to a bounded queue that one writer
-thread empties into the store. Nothing is lost on the way: an event the store refuses (down,
-locked, its disk full), one that finds the queue full, and what is still queued when the
-daemon exits go to the node's write-ahead journal (medic_core.journal); the writer replays
-the journal once the store takes its writes again (as do the daemon and the health check).
+thread empties into the store, everything queued in one transaction (Store.add_events). The
+writer does not wait for more: a transaction costs ~0.12 ms of CPU and a row ~0.02 ms
+(SQLite), so at one job start a second waiting 2 s for more would save under 0.01 % of a
+core, and a daemon killed meanwhile would lose up to 2 s of decisions.
+
+Nothing is lost on the way: a batch the store refuses (down, locked, its disk full), an event
+that finds the queue full, and what is still queued or being written when the daemon exits go
+to the node's write-ahead journal (medic_core.journal), in their order and with their own
+times; the writer replays the journal once the store takes its writes again (as do the
+daemon and the health check). A batch the store refuses as data is written one event at a
+time: only the event it refuses goes to the journal (set aside as `.bad` at its replay), with
+one line saying why.
 """
 
 from __future__ import annotations
@@ -19,7 +27,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from sqlalchemy.exc import DataError, IntegrityError
 
 from medic_core import journal
 from medic_core.config import NodePaths
@@ -29,9 +40,15 @@ log = logging.getLogger("medic.healthd")
 
 QUEUE_BOUND = 1024  # job starts; a node starts a few a second at the very most
 EXIT_GRACE = 2.0  # seconds the writer gets at exit before the rest goes to the journal
+# The store refuses the rows, not the write: the batch is tried again one event at a time.
+REFUSED_AS_DATA = (ValueError, IntegrityError, DataError)
 
 
-@dataclass(frozen=True)
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity: two equal events are two events
 class Pending:
     at: dt.datetime
     event: Mapping[str, Any]  # Store.add_event's keywords but node and at
@@ -50,6 +67,12 @@ class EventRecorder:
         self._thread: threading.Thread | None = None
         self._journaled = False  # events of ours wait in the journal
         self._held = threading.local()  # a request's records, queued once it has its reply
+        # The batch being written, and what close() kept of it in the journal meanwhile (the
+        # writer removes those entries if its write gets through after all): under _flight.
+        self._flight = threading.Lock()
+        self._in_flight: list[Pending] = []
+        self._claimed: dict[int, Path | None] = {}  # id(item) -> its journal entry
+        self._closed = False
 
     def record(
         self,
@@ -79,6 +102,9 @@ class EventRecorder:
                 self._put(item)
 
     def _put(self, item: Pending) -> None:
+        if self._closed:
+            self._keep(item, "medic-healthd is stopping")
+            return
         self._start()
         try:
             self._queue.put_nowait(item)
@@ -87,7 +113,7 @@ class EventRecorder:
 
     def flush(self, timeout: float) -> bool:
         """Wait, at most `timeout` seconds, until everything queued is written (or kept in
-        the journal); False when some is still queued."""
+        the journal); False when some is still queued or being written."""
         deadline = time.monotonic() + timeout
         with self._queue.all_tasks_done:
             while self._queue.unfinished_tasks:
@@ -98,9 +124,18 @@ class EventRecorder:
         return True
 
     def close(self, timeout: float = EXIT_GRACE) -> None:
-        """At exit: the writer gets `timeout` to finish, the rest goes to the journal."""
+        """At exit: the writer gets `timeout` to finish; then the batch it is still writing
+        and the rest of the queue go to the journal, in that order (a write that gets
+        through after all removes its entries again)."""
         if self.flush(timeout):
+            self._closed = True
             return
+        with self._flight:
+            self._closed = True  # what the writer takes from now on goes to the journal
+            for item in self._in_flight:
+                if id(item) not in self._claimed:
+                    why = "medic-healthd stopped while it was being written"
+                    self._claimed[id(item)] = self._keep(item, why)
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -118,50 +153,123 @@ class EventRecorder:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            batch = [self._queue.get()]
+            while True:  # everything queued now: one transaction
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                self._write(item)
-                if item.after is not None:
-                    item.after()
+                self._write(batch)
             except Exception:  # a bug of ours: logged; the writer goes on
-                log.exception("gate recorder: writing an event failed")
-            finally:
+                log.exception("gate recorder: writing %d events failed", len(batch))
+                with self._flight:
+                    self._in_flight = []  # what close() kept of them stays in the journal
+            for item in batch:
+                try:
+                    if item.after is not None:
+                        item.after()
+                except Exception:
+                    log.exception("gate recorder: the work after an event failed")
+            for _ in batch:
                 self._queue.task_done()
 
-    def _write(self, item: Pending) -> None:
+    def _write(self, batch: list[Pending]) -> None:
+        with self._flight:
+            if self._closed:
+                for item in batch:
+                    self._keep(item, "medic-healthd stopped before it was written")
+                return
+            self._in_flight = list(batch)
+        up: Store | None = None  # the store, when it took writes
+        try:
+            up = self._store()
+            up.add_events([self._row(item) for item in batch])
+        except REFUSED_AS_DATA:
+            up = self._one_by_one(batch)
+        except Exception as exc:  # the store: down, locked, full, read-only
+            self._failed(batch, _first_line(exc))
+            return
+        else:
+            self._written(batch)
+        if up is not None and self._journaled:
+            self._replay(up)
+
+    def _row(self, item: Pending) -> dict[str, Any]:
+        return {**item.event, "node": self._node, "at": item.at}
+
+    def _one_by_one(self, batch: list[Pending]) -> Store | None:
+        """The batch again, one event a transaction: only what the store refuses as data is
+        kept aside; the store still taking writes is returned (None when it stopped)."""
         try:
             store = self._store()
-            store.add_event(node=self._node, at=item.at, **item.event)
-        except Exception as exc:  # the store: down, locked, full, read-only
-            self._keep(item, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
-            return
-        if self._journaled:
-            self._replay(store)
+        except Exception as exc:
+            self._failed(batch, _first_line(exc))
+            return None
+        for place, item in enumerate(batch):
+            try:
+                store.add_events([self._row(item)])
+            except REFUSED_AS_DATA as exc:
+                why = f"the store refuses it as data ({_first_line(exc)})"
+                self._failed([item], why, refused=True)
+            except Exception as exc:
+                self._failed(batch[place:], _first_line(exc))
+                return None
+            else:
+                self._written([item])
+        return store
 
-    def _keep(self, item: Pending, why: str) -> None:
+    def _written(self, items: list[Pending]) -> None:
+        with self._flight:
+            for item in items:
+                self._in_flight.remove(item)
+                kept = self._claimed.pop(id(item), None)
+                if kept is not None:  # close() kept it meanwhile: it is in the store now
+                    journal.delivered(kept)
+
+    def _failed(self, items: list[Pending], why: str, refused: bool = False) -> None:
+        with self._flight:
+            for item in items:
+                self._in_flight.remove(item)
+                if id(item) in self._claimed:  # close() kept it in the journal already
+                    del self._claimed[id(item)]
+                    continue
+                self._keep(item, why, refused)
+
+    def _keep(self, item: Pending, why: str, refused: bool = False) -> Path | None:
         record = {k: (str(v) if k == "severity" else v) for k, v in item.event.items()}
+        what = f"event {item.event.get('kind')} ({item.event.get('target') or 'no target'})"
         try:
             kept = journal.write_ahead(self._paths, self._node, record, item.at)
         except journal.JournalFull as exc:
-            log.error("event %s lost: %s, and %s", item.event.get("kind"), why[:200], exc)
-            return
+            log.error("%s lost: %s, and %s", what, why[:200], exc)
+            return None
         self._journaled = True
-        log.warning("event %s kept in %s: %s", item.event.get("kind"), kept, why[:200])
+        if refused:
+            log.error("%s not stored: %s; kept in %s for a human", what, why[:300], kept)
+        else:
+            log.warning("%s kept in %s: %s", what, kept, why[:200])
+        return kept
 
     def _replay(self, store: Store) -> None:
         def add(entry: journal.Entry) -> None:
             e = entry.event
-            store.add_event(
-                node=entry.node,
-                at=entry.at,
-                kind=str(e["kind"]),
-                severity=str(e.get("severity", "INFO")),
-                source=str(e.get("source", "healthd")),
-                message=str(e.get("message", "")),
-                fault_class=str(e.get("fault_class", "")),
-                target=str(e.get("target", "")),
-                evidence=dict(e.get("evidence") or {}),
-            )
+            try:
+                store.add_event(
+                    node=entry.node,
+                    at=entry.at,
+                    kind=str(e["kind"]),
+                    severity=str(e.get("severity", "INFO")),
+                    source=str(e.get("source", "healthd")),
+                    message=str(e.get("message", "")),
+                    fault_class=str(e.get("fault_class", "")),
+                    target=str(e.get("target", "")),
+                    evidence=dict(e.get("evidence") or {}),
+                )
+            except (IntegrityError, DataError) as exc:  # data: set aside, not retried forever
+                raise ValueError(
+                    f"{entry.path}: the store refuses it: {_first_line(exc)}"
+                ) from None
 
         done = journal.replay(self._paths, add, deadline=time.monotonic() + 5.0)
         self._journaled = done.left > 0
@@ -169,3 +277,5 @@ class EventRecorder:
             log.info(
                 "journal: %d events replayed into the store, %d left", done.delivered, done.left
             )
+        for line in done.set_aside:
+            log.error("journal: set aside (not data the store takes): %s", line)

@@ -5,6 +5,8 @@ when the store refuses the write, the queue is full, or the daemon exits with wr
 from __future__ import annotations
 
 import datetime as dt
+import json
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +15,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import event as sa_event
 
 from healthd.checks.base import CheckContext, Result, Status, fault, ok
 from healthd.gate_recorder import EventRecorder
@@ -33,6 +38,7 @@ class GatedStore:
         self.open.set()
         self.down = False
         self.writes = 0
+        self.batches: list[list[str]] = []  # the targets of each add_events call
 
     def add_event(self, node: str, **kwargs: Any) -> Any:
         assert self.open.wait(30)
@@ -40,6 +46,14 @@ class GatedStore:
             raise OSError("database is locked")
         self.writes += 1
         return self.store.add_event(node, **kwargs)
+
+    def add_events(self, events: list[dict[str, Any]]) -> int:
+        assert self.open.wait(30)
+        if self.down:
+            raise OSError("database is locked")
+        self.writes += 1
+        self.batches.append([str(e.get("target")) for e in events])
+        return self.store.add_events(events)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
@@ -150,11 +164,11 @@ def test_a_full_queue_and_an_exit_lose_nothing(paths: NodePaths, store: GatedSto
     assert len(journal.pending(paths)) == 2
     recorder.close(timeout=0.1)  # the daemon exits while the store still waits
     kept = sorted(str(journal.read_entry(p).event["target"]) for p in journal.pending(paths))
-    assert kept == [f"job:{n}" for n in range(1, 5)]  # the one in flight is the writer's
-    store.open.set()  # the store answers again: the write in flight, then the journal's
-    poll("every event in the store", lambda: len(gate_events(store)) == 5)
+    assert kept == [f"job:{n}" for n in range(5)]  # the one being written too
+    store.open.set()  # the store answers: the write in flight gets through after all...
+    poll("the journal's in the store", lambda: len(gate_events(store)) == 5)
     assert sorted(e.target for e in gate_events(store)) == [f"job:{n}" for n in range(5)]
-    assert journal.pending(paths) == []
+    assert journal.pending(paths) == []  # ...and its entry went: each event once
 
 
 def test_the_rails_are_read_again_after_the_reply_once_they_are_old(
@@ -207,3 +221,226 @@ def test_the_gate_leaves_out_a_gpu_the_open_episode_isolated(
     assert reply["allow"] is allow
     other = fault("gpu_xid", Status.CRITICAL, "gpu.xid.95", "XID 95", target="4")
     assert not make_gate(tmp_path, paths, store, other).launch(5.0, job_id="51")["allow"]
+
+
+# -- batches ------------------------------------------------------------------------------
+
+
+def gate_event(n: int | str, **more: Any) -> dict[str, Any]:
+    return {"kind": "gate", "severity": "INFO", "source": "prolog", "target": f"job:{n}", **more}
+
+
+def journal_targets(paths: NodePaths) -> list[str]:
+    return [str(journal.read_entry(p).event["target"]) for p in journal.pending(paths)]
+
+
+def stored(store: GatedStore) -> list[tuple[str, dt.datetime]]:
+    """(target, at) of the gate events, in the order the store took them."""
+    events = sorted(store.store.events("n1", kind="gate"), key=lambda e: e.id)
+    return [(e.target, e.at) for e in events]
+
+
+def record_held(recorder: EventRecorder, store: GatedStore, events: list[dict[str, Any]]) -> None:
+    """The first event is being written (the store waits) while the others queue behind."""
+    base = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
+    store.open.clear()
+    for n, event in enumerate(events):
+        recorder.record(event, base + dt.timedelta(seconds=n))
+        if n == 0:
+            poll("the writer holding the first", lambda: recorder._queue.qsize() == 0)
+
+
+def test_what_is_queued_is_written_in_one_transaction_in_order_with_its_times(
+    paths: NodePaths, store: GatedStore
+) -> None:
+    recorder = EventRecorder(lambda: store, paths, "n1")  # type: ignore[arg-type,return-value]
+    record_held(recorder, store, [gate_event(n) for n in range(6)])
+    store.open.set()
+    assert recorder.flush(10)
+    assert store.batches == [["job:0"], [f"job:{n}" for n in range(1, 6)]]
+    base = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
+    assert stored(store) == [(f"job:{n}", base + dt.timedelta(seconds=n)) for n in range(6)]
+
+
+def test_flush_waits_for_the_batch_being_written_and_what_queued_behind_it(
+    paths: NodePaths, store: GatedStore
+) -> None:
+    recorder = EventRecorder(lambda: store, paths, "n1")  # type: ignore[arg-type,return-value]
+    record_held(recorder, store, [gate_event(n) for n in range(3)])
+    assert not recorder.flush(0.05)  # the batch in flight counts
+    flushed: list[bool] = []
+    waiter = threading.Thread(target=lambda: flushed.append(recorder.flush(30)))
+    waiter.start()
+    assert flushed == []  # still waiting: the store has not answered
+    store.open.set()
+    waiter.join(30)
+    assert flushed == [True]
+    assert [t for t, _ in stored(store)] == ["job:0", "job:1", "job:2"]
+
+
+@pytest.fixture
+def failing(store: GatedStore) -> Iterator[dict[str, bool]]:
+    """SQLite fails, inside the transaction, on the row for job:3 while `on`: an error the
+    store raises midway through a batch (the rows before it were inserted, then rolled back)."""
+    switch = {"on": True}
+
+    def fail() -> int:
+        if switch["on"]:
+            raise RuntimeError("disk I/O error")
+        return 0
+
+    engine = store.store.engine
+    sa_event.listen(engine, "connect", lambda conn, _: conn.create_function("medic_fail", 0, fail))
+    engine.dispose()  # the pool's connections get the function too
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TRIGGER fail_job_3 BEFORE INSERT ON events WHEN NEW.target = 'job:3' "
+            "BEGIN SELECT medic_fail(); END"
+        )
+    yield switch
+
+
+def test_a_batch_the_store_fails_midway_goes_to_the_journal_in_order_and_is_replayed(
+    paths: NodePaths, store: GatedStore, failing: dict[str, bool]
+) -> None:
+    recorder = EventRecorder(lambda: store, paths, "n1")  # type: ignore[arg-type,return-value]
+    record_held(recorder, store, [gate_event(n) for n in range(6)])
+    store.open.set()
+    assert recorder.flush(10)
+    assert [t for t, _ in stored(store)] == ["job:0"]  # job:1 and job:2 were rolled back
+    assert journal_targets(paths) == [f"job:{n}" for n in range(1, 6)]  # in their order
+    failing["on"] = False
+    recorder.record(gate_event(6), dt.datetime(2026, 11, 25, 12, 1, tzinfo=dt.UTC))
+    assert recorder.flush(10)
+    assert journal.pending(paths) == []
+    targets = [t for t, _ in stored(store)]
+    assert sorted(targets) == sorted(f"job:{n}" for n in range(7))  # each once
+    assert targets[:2] == ["job:0", "job:6"]
+    assert targets[-5:] == [f"job:{n}" for n in range(1, 6)]  # replayed in their order
+    # (after job:6, whose write showed the store back: `medic events` orders by time)
+    at = dict(stored(store))
+    assert at["job:4"] == dt.datetime(2026, 11, 25, 12, 0, 4, tzinfo=dt.UTC)  # its own time
+
+
+@pytest.mark.parametrize("refusal", ["checked", "database"])
+def test_a_bad_event_in_a_batch_loses_none_of_the_others(
+    paths: NodePaths,
+    store: GatedStore,
+    refusal: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One the store's checks refuse (a NUL), or one the database refuses (a trigger): the
+    others are written one by one, the bad one kept aside with one line saying why."""
+    if refusal == "database":
+        with store.store.engine.begin() as conn:
+            conn.exec_driver_sql(
+                "CREATE TRIGGER refuse_job_3 BEFORE INSERT ON events WHEN NEW.target = 'job:3' "
+                "BEGIN SELECT RAISE(ABORT, 'job 3 is refused'); END"
+            )
+    events = [gate_event(n) for n in range(6)]
+    if refusal == "checked":
+        events[3] = gate_event(3, message="a NUL \x00 here")
+    recorder = EventRecorder(lambda: store, paths, "n1")  # type: ignore[arg-type,return-value]
+    record_held(recorder, store, events)
+    store.open.set()
+    assert recorder.flush(10)
+    assert [t for t, _ in stored(store)] == ["job:0", "job:1", "job:2", "job:4", "job:5"]
+    [line] = [r.getMessage() for r in caplog.records if "not stored" in r.getMessage()]
+    assert "job:3" in line and ("NUL" in line or "job 3 is refused" in line)
+    # Kept in the journal, and set aside at its replay (the writes after it): not retried.
+    assert journal.pending(paths) == []
+    [aside] = (paths.state_dir / "journal").glob("*.bad")
+    assert json.loads(aside.read_text())["event"]["target"] == "job:3"
+
+
+def test_an_exit_while_the_write_fails_keeps_each_event_once(
+    paths: NodePaths, store: GatedStore
+) -> None:
+    recorder = EventRecorder(lambda: store, paths, "n1", bound=2)  # type: ignore[arg-type,return-value]
+    record_held(recorder, store, [gate_event(n) for n in range(5)])  # 1, 2 queued; 3, 4 over
+    recorder.close(timeout=0.05)
+    store.down = True  # the write in flight fails after the exit kept it
+    store.open.set()
+    poll("the writer done", lambda: recorder.flush(0.0))
+    assert sorted(journal_targets(paths)) == [f"job:{n}" for n in range(5)]
+    recorder.record(gate_event(5))  # after close: straight to the journal
+    assert sorted(journal_targets(paths)) == [f"job:{n}" for n in range(6)]
+    assert gate_events(store) == []
+
+
+# -- every event ends in the store or the journal exactly once --------------------------------
+
+
+class FakeStore:
+    """A store in memory: down or up; refuses an event whose target starts with "bad"."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.rows: list[tuple[str, str]] = []  # (target, "batch" or "replay")
+        self.lock = threading.Lock()
+
+    def _check(self, events: list[dict[str, Any]]) -> None:
+        if self.down:
+            raise OSError("could not connect to server")
+        if any(str(e["target"]).startswith("bad") for e in events):
+            raise ValueError("event message contains a NUL character")
+
+    def add_events(self, events: list[dict[str, Any]]) -> int:
+        with self.lock:
+            self._check(events)
+            self.rows += [(str(e["target"]), "batch") for e in events]
+        return len(events)
+
+    def add_event(self, node: str, **event: Any) -> None:
+        with self.lock:
+            self._check([event])
+            self.rows.append((str(event["target"]), "replay"))
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("record"), st.booleans()),  # a good event, or a bad one
+        st.tuples(st.sampled_from(["down", "up", "flush"]), st.just(False)),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=60, derandomize=True, database=None, deadline=None)
+@given(ops=OPS, exit_at_end=st.booleans())
+def test_every_event_ends_in_the_store_or_the_journal_exactly_once(
+    ops: list[tuple[str, bool]], exit_at_end: bool
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="medic-recorder-") as tmp:
+        paths = NodePaths(state_dir=Path(tmp) / "state", socket=Path(tmp) / "run" / "h.sock")
+        fake = FakeStore()
+        recorder = EventRecorder(lambda: fake, paths, "n1", bound=4)  # type: ignore[arg-type,return-value]
+        targets: list[str] = []
+        for op, good in ops:
+            if op == "record":
+                target = f"{'job' if good else 'bad'}:{len(targets)}"
+                targets.append(target)
+                recorder.record(gate_event(len(targets) - 1, target=target))
+            elif op == "flush":
+                assert recorder.flush(30)
+            else:
+                fake.down = op == "down"
+        if exit_at_end:
+            recorder.close(timeout=0.0)
+        assert recorder.flush(30)
+
+        def everywhere() -> list[str]:
+            kept = journal_targets(paths)
+            aside = [
+                str(json.loads(p.read_text())["event"]["target"])
+                for p in (paths.state_dir / "journal").glob("*.bad")
+            ]
+            return sorted([t for t, _ in fake.rows] + kept + aside)
+
+        assert everywhere() == sorted(targets)  # nothing lost, nothing twice
+        direct = [int(t.split(":")[1]) for t, how in fake.rows if how == "batch"]
+        assert direct == sorted(direct)  # written in the order recorded
+        fake.down = False  # the store is back: the journal empties into it
+        journal.replay(paths, lambda e: fake.add_event(e.node, **e.event))
+        assert everywhere() == sorted(targets)
+        assert sorted(t for t, _ in fake.rows) == sorted(t for t in targets if t[:3] == "job")

@@ -227,6 +227,46 @@ def test_add_event_returns_what_was_stored(store: Store) -> None:
     assert stored.severity is Severity.CRITICAL and stored.at == T0
 
 
+def test_add_events_writes_a_batch_in_order_in_one_transaction(store: Store) -> None:
+    rows = [
+        {"node": "gpu01", "at": T0 + timedelta(seconds=n), "kind": "gate", "severity": "INFO",
+         "source": "prolog", "target": f"job:{n}", "evidence": {"job_id": str(n), "allow": True}}
+        for n in range(3)
+    ]  # fmt: skip
+    rows[1] = {**rows[1], "severity": Severity.CRITICAL, "fault_class": "gpu.xid.79"}
+    assert store.add_events(rows) == 3
+    assert store.add_events([]) == 0
+    stored = sorted(store.events(), key=lambda e: e.id)
+    assert [(e.target, e.at, e.severity) for e in stored] == [
+        ("job:0", T0, Severity.INFO),
+        ("job:1", T0 + timedelta(seconds=1), Severity.CRITICAL),
+        ("job:2", T0 + timedelta(seconds=2), Severity.INFO),
+    ]
+    assert stored[1].fault_class == "gpu.xid.79" and stored[2].evidence["job_id"] == "2"
+    assert stored[0].message == "" and stored[0].node == "gpu01"
+    one = store.add_event(**{**rows[0], "target": "job:3"})
+    assert one.id > stored[-1].id and [e for e in store.events() if e.target == "job:3"] == [one]
+
+
+@pytest.mark.parametrize(
+    ("bad", "words"),
+    [
+        ({"message": "NUL \x00"}, "event 2 of the batch: event message contains a NUL"),
+        ({"at": datetime(2025, 3, 1)}, "event 2 of the batch: event time .* no time zone"),
+        ({"severity": "LOUD"}, "event 2 of the batch: unknown severity"),
+        ({"target": "t" * 1000}, "event 2 of the batch: event target is 1000 characters"),
+        ({"colour": "red"}, "event 2 of the batch: .*colour"),
+    ],
+)
+def test_a_batch_with_a_bad_event_writes_nothing_and_names_it(
+    store: Store, bad: dict[str, Any], words: str
+) -> None:
+    good = {"node": "gpu01", "at": T0, "kind": "gate", "severity": "INFO", "source": "prolog"}
+    with pytest.raises(ValueError, match=words):
+        store.add_events([good, {**good, **bad}, good])
+    assert store.events() == []
+
+
 def test_events_filters_order_and_limit(store: Store) -> None:
     a = add(store, "gpu01", 0, fault_class="gpu.xid.79")
     b = add(store, "gpu01", 10, kind="kmsg", severity="WARN", source="kmsg")

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import Engine, delete, select
+from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
@@ -184,6 +184,31 @@ def _name(value: str, what: str, max_len: int) -> str:
     return value
 
 
+def _event_values(
+    node: str,
+    at: datetime,
+    kind: str,
+    severity: Severity | str,
+    source: str,
+    message: str = "",
+    fault_class: str = "",
+    target: str = "",
+    evidence: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An event row's columns, checked; ValueError (one line) for what the store cannot take."""
+    return {
+        "node": _name(node, "node", NODE_LEN),
+        "at": utc(at, "event time"),
+        "kind": _name(kind, "event kind", NAME_LEN),
+        "fault_class": check_text(fault_class, "fault class", NAME_LEN),
+        "target": check_text(target, "event target", TARGET_LEN),
+        "severity": _severity(severity).value,
+        "message": check_text(message, "event message"),
+        "evidence": check_evidence(evidence),
+        "source": _name(source, "event source", NAME_LEN),
+    }
+
+
 class Store:
     def __init__(self, engine: Engine, url: URL) -> None:
         self._engine = engine
@@ -347,21 +372,28 @@ class Store:
         evidence: Mapping[str, Any] | None = None,
     ) -> Event:
         """Append one occurrence; returns it with its id."""
-        row = EventRow(
-            node=_name(node, "node", NODE_LEN),
-            at=utc(at, "event time"),
-            kind=_name(kind, "event kind", NAME_LEN),
-            fault_class=check_text(fault_class, "fault class", NAME_LEN),
-            target=check_text(target, "event target", TARGET_LEN),
-            severity=_severity(severity).value,
-            message=check_text(message, "event message"),
-            evidence=check_evidence(evidence),
-            source=_name(source, "event source", NAME_LEN),
+        values = _event_values(
+            node, at, kind, severity, source, message, fault_class, target, evidence
         )
-        with Session(self._writer) as session, session.begin():
-            session.add(row)
-            session.flush()
-            return row.to_event()
+        with self._writer.begin() as conn:
+            event_id = conn.execute(insert(EventRow).returning(EventRow.id), values).scalar_one()
+        return Event(id=event_id, **{**values, "severity": Severity(values["severity"])})
+
+    def add_events(self, events: Iterable[Mapping[str, Any]]) -> int:
+        """Append many occurrences in one transaction, in their order: each a mapping of
+        add_event's keywords with `node`. All are checked first: the first one that is not
+        data the store takes raises ValueError naming its place, and nothing is written.
+        Returns how many were written."""
+        rows = []
+        for place, event in enumerate(events):
+            try:
+                rows.append(_event_values(**event))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"event {place + 1} of the batch: {exc}") from None
+        if rows:
+            with self._writer.begin() as conn:
+                conn.execute(insert(EventRow), rows)  # one statement, executemany
+        return len(rows)
 
     def events(
         self,
