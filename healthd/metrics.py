@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import queue
+import selectors
 import socket
 import socketserver
 import sys
@@ -166,124 +169,223 @@ class DaemonMetrics:
         return server
 
 
-class BoundedServerMixIn(socketserver.ThreadingMixIn):
-    """A thread per connection, but at most `max_connections` at once: when full, the
-    connection that has waited longest without sending its request is cut to make room,
-    and if none is idle the new one is sent `busy_reply` (best effort, never blocking) and
-    closed. Each connection's socket times out after `idle_seconds` without progress, and
-    is shut down `deadline` seconds after it was accepted unless the handler calls
-    `request_read(sock)` first (the Unix socket does once it has the request line: a launch
-    check may then legitimately take long). One reaper thread enforces the deadlines, so a
-    client dripping a byte at a time cannot hold a slot. Check scheduling never runs in
-    these threads."""
+class BoundedServerMixIn(socketserver.BaseServer):
+    """A server whose connections are served by a few persistent worker threads, at most
+    `max_connections` connections at once: when full, the connection that has waited longest
+    without sending its request is cut to make room, and if none is idle the new one is sent
+    `busy_reply` (best effort, never blocking) and closed. Each connection's socket times out
+    after `idle_seconds` without progress, and is shut down `deadline` seconds after it was
+    accepted unless the handler calls `request_read(sock)` first (the Unix socket does once it
+    has the request line: a launch check may then legitimately take long), so a client
+    dripping a byte at a time cannot hold a slot. Check scheduling never runs in these threads.
 
-    daemon_threads = True
-    block_on_close = False  # never wait for a stuck client when closing
+    Nothing here wakes on a timer when nothing happens (issue 15: the daemon's idle CPU). The
+    accepting thread (`serve_forever`) sleeps in poll() with no timeout, woken by a client, by
+    `shutdown()` (a byte on a pipe of its own, so the stop is immediate), or by the deadline of
+    a connection still waiting for its request: it cuts those itself, no reaper thread. A
+    connection is handed to an idle worker; a new worker is started only when none is idle, so
+    there are never more workers than `max_connections`, and they wait for their next
+    connection on a queue (which costs nothing) instead of a thread being started for each.
+    A handler's exception ends its connection, never its worker."""
+
     request_queue_size = 128
     max_connections = 16
     idle_seconds = 5.0
     deadline = 10.0
     busy_reply = b""
+    worker_name = "conn"  # the workers' thread name
+    # What serve_forever sleeps in (tests record its timeouts through a subclass).
+    selector_class: type[selectors.BaseSelector] = selectors.PollSelector
 
-    def _bounds(self) -> tuple[threading.BoundedSemaphore, threading.Condition]:
-        state = vars(self)
-        if "_slots" not in state:
-            state["_slots"] = threading.BoundedSemaphore(self.max_connections)
-            state["_deadlines"] = {}
-            state["_cond"] = threading.Condition()
-            state["rejected"] = 0
-            state["evicted"] = 0
-            state["_active"] = 0
-            threading.Thread(target=self._reap, name="conn-reaper", daemon=True).start()
-        return state["_slots"], state["_cond"]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._cond = threading.Condition()  # guards the counts and the deadlines below
+        self._active = 0  # connections accepted and not yet closed: at most max_connections
+        self._idle = 0  # workers waiting on the queue with no connection promised to them
+        self._workers = 0
+        self._queue: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
+        self._deadlines: dict[Any, float] = {}  # the connections whose request is not in yet
+        self.rejected = 0
+        self.evicted = 0
+        self._stop = False
+        self._stopped = threading.Event()
+        self._stopped.set()  # not serving
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        # Last: a bind that fails calls server_close, which needs the above.
+        super().__init__(*args, **kwargs)
+
+    if TYPE_CHECKING:
+
+        def fileno(self) -> int: ...
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Accept connections until `shutdown()`. `poll_interval` is ignored: the loop sleeps
+        until something happens (see the class)."""
+        self._stopped.clear()
+        try:
+            with self.selector_class() as selector:
+                selector.register(self.fileno(), selectors.EVENT_READ, "accept")
+                selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+                while not self._stop:
+                    ready = selector.select(self._reap())
+                    if self._stop:
+                        break
+                    for key, _ in ready:
+                        if key.data == "accept":
+                            self._accept()
+                        else:  # shutdown() wrote a byte (and _stop is set): drain it
+                            with contextlib.suppress(OSError):
+                                os.read(self._wake_r, 512)
+                    self.service_actions()
+        finally:
+            self._stop = False
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop `serve_forever` and wait until it has returned: at once, not at a poll's end.
+        (Called before `serve_forever` started, it returns and that loop exits at once.)"""
+        self._stop = True
+        with contextlib.suppress(OSError):  # a full pipe has woken the loop already
+            os.write(self._wake_w, b"\0")
+        self._stopped.wait()
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._cond:
+            workers, self._workers, self._idle = self._workers, 0, 0
+        for _ in range(workers):  # each exits when it takes this (after its connection)
+            self._queue.put(None)
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
+
+    def _accept(self) -> None:
+        try:
+            request, client_address = self.get_request()
+        except OSError:
+            return
+        if not self.verify_request(request, client_address):
+            self.shutdown_request(request)
+            return
+        try:
+            self.process_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+            self.shutdown_request(request)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        slots, cond = self._bounds()
-        if not slots.acquire(blocking=False) and not (
-            self._evict_oldest_unread() and slots.acquire(timeout=EVICT_WAIT_SECONDS)
-        ):
-            vars(self)["rejected"] += 1
+        cond, full = self._cond, self.max_connections
+        with cond:
+            if self._active >= full and self._evict_oldest_unread():
+                cond.wait_for(lambda: self._active < full, timeout=EVICT_WAIT_SECONDS)
+            room = self._active < full
+            if room:
+                self._active += 1
+                self._deadlines[request] = time.monotonic() + self.deadline
+                start = self._idle == 0  # no worker free: one more (never over `full`)
+                if start:
+                    self._workers += 1
+                else:
+                    self._idle -= 1  # promised to this connection
+        if not room:
+            self.rejected += 1
             with contextlib.suppress(OSError):
                 request.setblocking(False)
                 request.send(self.busy_reply)
             self.shutdown_request(request)
             return
-        with cond:
-            vars(self)["_active"] += 1
         try:
             request.settimeout(self.idle_seconds)
-            with cond:
-                vars(self)["_deadlines"][request] = time.monotonic() + self.deadline
-                cond.notify()
-            super().process_request(request, client_address)
+            if start:
+                name = self.worker_name
+                threading.Thread(target=self._work, name=name, daemon=True).start()
         except BaseException:
-            self._release(request)
-            self.shutdown_request(request)
+            with cond:
+                self._deadlines.pop(request, None)
+                self._active -= 1
+                if start:
+                    self._workers -= 1
+                else:
+                    self._idle += 1
+                cond.notify()
             raise
+        self._queue.put((request, client_address))
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._release(request)
-
-    def _release(self, request: Any) -> None:
-        slots, cond = self._bounds()
-        with cond:
-            vars(self)["_deadlines"].pop(request, None)
-            vars(self)["_active"] -= 1
-        slots.release()
+    def _work(self) -> None:
+        """A worker: one connection after another, until the server is closed."""
+        while (item := self._queue.get()) is not None:
+            request, client_address = item
+            try:
+                self.finish_request(request, client_address)
+            except BaseException:  # the handler's error ends its connection, not this worker
+                self.handle_error(request, client_address)
+            finally:
+                try:
+                    self.shutdown_request(request)
+                finally:
+                    with self._cond:  # idle again before the slot frees: never over the bound
+                        self._deadlines.pop(request, None)
+                        self._active -= 1
+                        self._idle += 1
+                        self._cond.notify()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that went away or timed out: one line, not socketserver's traceback."""
+        """A client that went away or timed out: one line, not socketserver's traceback; a
+        handler's own bug: logged whole (its worker goes on)."""
         error = sys.exc_info()[1]
-        log.info("%s: connection dropped: %s", type(self).__name__, error or "unknown error")
-
-    if TYPE_CHECKING:
-
-        def shutdown_request(self, request: Any) -> None: ...
+        if error is None or isinstance(error, OSError):
+            log.info("%s: connection dropped: %s", type(self).__name__, error or "unknown error")
+        else:
+            log.error("%s: handler failed", type(self).__name__, exc_info=error)
 
     def _evict_oldest_unread(self) -> bool:
         """Full: cut the connection that has waited longest without sending its request (an
         idle one, by definition), so a flood of idle connections cannot lock out a client
-        that speaks at once. A connection whose request is in is never cut."""
-        _, cond = self._bounds()
-        with cond:
-            deadlines: dict[Any, float] = vars(self)["_deadlines"]
-            if not deadlines:
-                return False
-            oldest = min(deadlines, key=deadlines.__getitem__)
-            del deadlines[oldest]
-            vars(self)["evicted"] += 1
+        that speaks at once. A connection whose request is in is never cut. Holds _cond."""
+        deadlines = self._deadlines
+        if not deadlines:
+            return False
+        oldest = min(deadlines, key=deadlines.__getitem__)
+        del deadlines[oldest]
+        self.evicted += 1
         with contextlib.suppress(OSError):
             oldest.shutdown(socket.SHUT_RDWR)  # its handler returns and frees the slot
         return True
 
     def request_read(self, request: Any) -> None:
         """The request is in: no deadline on this connection from now on."""
-        _, cond = self._bounds()
-        with cond:
-            vars(self)["_deadlines"].pop(request, None)
+        with self._cond:
+            self._deadlines.pop(request, None)
 
     @property
     def active(self) -> int:
         """Connections being handled now."""
-        _, cond = self._bounds()
-        with cond:
-            return int(vars(self)["_active"])
+        with self._cond:
+            return self._active
 
-    def _reap(self) -> None:
-        cond = vars(self)["_cond"]
-        deadlines: dict[Any, float] = vars(self)["_deadlines"]
-        with cond:
-            while True:
-                now = time.monotonic()
-                for sock in [s for s, d in deadlines.items() if d <= now]:
-                    del deadlines[sock]
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)  # unblocks the handler's read
-                soonest = min(deadlines.values(), default=None)
-                cond.wait(None if soonest is None else max(0.01, soonest - now))
+    @property
+    def workers(self) -> int:
+        """Worker threads started (each kept, waiting, for the next connection)."""
+        with self._cond:
+            return self._workers
+
+    def _reap(self) -> float | None:
+        """Cut the connections past their deadline without a request; the seconds until the
+        next deadline, or None when no connection waits for its request (nothing to wake
+        up for)."""
+        with self._cond:
+            deadlines = self._deadlines
+            if not deadlines:
+                return None
+            now = time.monotonic()
+            for sock in [s for s, d in deadlines.items() if d <= now]:
+                del deadlines[sock]
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # unblocks the handler's read
+            soonest = min(deadlines.values(), default=None)
+        return None if soonest is None else max(0.0, soonest - now)
 
 
 class MetricsServer(BoundedServerMixIn, WSGIServer):
@@ -291,6 +393,7 @@ class MetricsServer(BoundedServerMixIn, WSGIServer):
     idle_seconds = METRICS_IDLE_SECONDS
     deadline = METRICS_DEADLINE
     busy_reply = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n\r\n"
+    worker_name = "metrics-conn"
 
 
 class _QuietHandler(WSGIRequestHandler):

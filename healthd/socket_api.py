@@ -3,8 +3,8 @@ health check and the CLI (docs/operator-guide.md, "The local socket", lists the 
 
 `SocketApi.handle` answers one request; `SocketApi.serve` listens on a Unix socket with a
 bound of its own (a few connections at a time, a deadline for the request line) and hands
-each request to `handle` on the connection's thread. The launch gate answers the hooks' ops;
-the daemon (`SocketHost`) answers the rest.
+each request to `handle` on one of its worker threads (healthd.metrics.BoundedServerMixIn).
+The launch gate answers the hooks' ops; the daemon (`SocketHost`) answers the rest.
 """
 
 from __future__ import annotations
@@ -221,6 +221,7 @@ class SocketApi:
             max_connections = SOCKET_MAX
             idle_seconds = SOCKET_IDLE
             deadline = SOCKET_IDLE
+            worker_name = "socket-conn"
             busy_reply = b'{"error": "busy: too many connections to medic-healthd"}\n'
 
         socket_path.parent.mkdir(parents=True, exist_ok=True)
