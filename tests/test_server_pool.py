@@ -225,3 +225,34 @@ def test_a_handler_raising_leaves_the_pool_serving(
         for i in range(3):  # the one worker goes on
             assert ask_in_turn(server, b"%d" % i) == b"ok %d\n" % i
         assert server.workers == workers(server) == 1
+
+
+def test_a_flood_of_clients_leaks_no_slot_and_no_worker(path: Path) -> None:
+    """8 clients at once, 25 requests each, against 3 slots: each is answered, told busy, or
+    cut as the oldest unread (a race the bound allows); afterwards every slot is free, the
+    workers never outnumber the slots, and the pool serves as before."""
+    with running(path) as server:
+        replies: list[bytes] = []
+        lock = threading.Lock()
+
+        def client(n: int) -> None:
+            for i in range(25):
+                try:
+                    reply = ask(server, b"c%d-%d" % (n, i))
+                except OSError:  # reset: cut while sending
+                    reply = b""
+                with lock:
+                    replies.append(reply)
+
+        clients = [threading.Thread(target=client, args=(n,)) for n in range(8)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join(30)
+        assert len(replies) == 200
+        assert {r[:3] for r in replies} <= {b"ok ", b"bus", b""}
+        assert any(r.startswith(b"ok ") for r in replies)
+        poll("every slot free", lambda: server.active == 0)
+        assert server.workers == workers(server) <= Pool.max_connections
+        for i in range(5):
+            assert ask_in_turn(server, b"after %d" % i) == b"ok after %d\n" % i
