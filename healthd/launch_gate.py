@@ -28,12 +28,18 @@ log = logging.getLogger("medic.healthd")
 POST_JOB_CHECKS = ("gpu_count", "gpu_xid", "gpu_ecc", "gpu_retired_pages", "gpu_remapped_rows")
 HOOK_EVENT_KINDS = ("gate", "job_summary", "job_action")
 GATE_FLUSH = 1.0  # seconds job_summary waits for queued gate decisions to reach the store
-# The gate's rails (open RMA tickets, the drain cap's hold) for a verdict that is not CRITICAL
-# come from memory when read within RAILS_MAX_AGE seconds (read again after the reply once
-# older than RAILS_FRESH), else from the store before the reply. So an RMA ticket opened for a
-# node in service may let jobs start there for up to RAILS_MAX_AGE more seconds (the ladder's
-# keep-out drains such a node anyway).
-RAILS_FRESH, RAILS_MAX_AGE = 0.5, 2.0
+# The gate's rails (open RMA tickets, the drain cap's hold, the GPUs isolation took out) for a
+# verdict that is not CRITICAL come from memory when read within RAILS_MAX_AGE seconds, else
+# from the store before the reply; once older than RAILS_FRESH they are read again after the
+# reply, at most once per RAILS_FRESH seconds whatever the launch rate (one read costs ~0.3 ms
+# of CPU: at one job start a second, every 5 s instead of every start). A CRITICAL verdict
+# reads them before the reply. So an RMA ticket opened for a node Slurm still has in service
+# (`medic rma open` does not drain) may let jobs start there for up to RAILS_MAX_AGE seconds;
+# the ladder's keep-out drains such a node within its 2 s tick, after which Slurm places no
+# new job there, so the gate's bound matters when the ladder cannot drain it (slurmctld does
+# not answer, a repair step under way). Ten seconds is also the checks' own interval: how late
+# a fault of the node is seen at worst.
+RAILS_FRESH, RAILS_MAX_AGE = 5.0, 10.0
 
 
 class GateHost(Protocol):
@@ -245,7 +251,7 @@ class LaunchGate:
                     "seconds": verdict.get("seconds"),
                 },
             },
-            after=self._read_rails if rails_age > RAILS_FRESH else None,
+            after=self._refresh_rails if rails_age > RAILS_FRESH else None,
         )
         reply: dict[str, Any] = {"allow": decision.allow, "why": decision.why}
         if not decision.allow:  # what the prolog's refusal drains for
@@ -259,6 +265,13 @@ class LaunchGate:
         if now or seen is None or time.monotonic() - seen[0] > RAILS_MAX_AGE:
             seen = self._read_rails()
         return seen[1], seen[2], seen[3], time.monotonic() - seen[0]
+
+    def _refresh_rails(self) -> None:
+        """After a reply: read the rails again unless they were read within RAILS_FRESH (the
+        events of several launches may be written together, each asking for a read)."""
+        seen = self._rails_seen
+        if seen is None or time.monotonic() - seen[0] > RAILS_FRESH:
+            self._read_rails()
 
     def _read_rails(self) -> tuple[float, list[int], str, tuple[int, ...]]:
         at = time.monotonic()

@@ -189,6 +189,59 @@ def test_the_rails_are_read_again_after_the_reply_once_they_are_old(
     assert gate.recorder.flush(10) and len(reads) == 2
 
 
+def test_the_rails_are_read_at_most_once_per_rails_fresh_whatever_the_launch_rate(
+    tmp_path: Path, paths: NodePaths, store: GatedStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from healthd import launch_gate
+
+    gate = make_gate(tmp_path, paths, store, ok("gpu_count", "8 GPUs"))
+    reads: list[float] = []
+    real = gate._rails
+    monkeypatch.setattr(gate, "_rails", lambda: [reads.append(0.0), real()][1])
+    gate.launch(5.0, job_id="60")
+    assert gate.recorder.flush(10) and len(reads) == 1
+
+    def age_rails(seconds: float) -> None:
+        seen = gate._rails_seen
+        assert seen is not None
+        gate._rails_seen = (time.monotonic() - seconds, *seen[1:])
+
+    age_rails(launch_gate.RAILS_FRESH + 0.5)  # older than RAILS_FRESH: read after the reply
+    store.open.clear()  # a burst of job starts queues behind the writer
+    for job in range(61, 81):
+        reply = gate.launch(5.0, fresh_only=True, job_id=str(job))
+        assert reply["allow"]
+    assert len(reads) == 1  # none before a reply
+    store.open.set()
+    assert gate.recorder.flush(10)
+    assert len(reads) == 2  # twenty launches, each asking: one read
+    gate.launch(5.0, fresh_only=True, job_id="81")  # just read: from memory
+    assert gate.recorder.flush(10) and len(reads) == 2
+    age_rails(launch_gate.RAILS_MAX_AGE + 0.5)  # too old to answer from: read before the reply
+    gate.launch(5.0, fresh_only=True, job_id="82")
+    assert len(reads) == 3
+    assert gate.recorder.flush(10) and len(reads) == 3
+    assert launch_gate.RAILS_FRESH < launch_gate.RAILS_MAX_AGE - 1  # a launch a second: no
+    # read before a reply while launches keep coming
+
+
+def test_an_rma_ticket_refuses_jobs_once_the_rails_are_read_again(
+    tmp_path: Path, paths: NodePaths, store: GatedStore
+) -> None:
+    from healthd import launch_gate
+    from remediation import tickets
+
+    gate = make_gate(tmp_path, paths, store, ok("gpu_count", "8 GPUs"))
+    assert gate.launch(5.0, job_id="90")["allow"]
+    tickets.open_ticket(store.store, "n1", "gpu.xid.79", "fell off the bus", [], {}, "test")
+    assert gate.launch(5.0, job_id="91")["allow"]  # the rails in memory: within the bound
+    seen = gate._rails_seen
+    assert seen is not None
+    gate._rails_seen = (time.monotonic() - launch_gate.RAILS_MAX_AGE - 0.1, *seen[1:])
+    reply = gate.launch(5.0, job_id="92")
+    assert not reply["allow"] and "RMA" in reply["why"]
+
+
 def test_records_made_for_a_request_wait_for_its_reply(
     tmp_path: Path, paths: NodePaths, store: GatedStore
 ) -> None:
