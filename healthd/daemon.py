@@ -64,6 +64,7 @@ log = logging.getLogger("medic.healthd")
 ACTIONABLE_WARN = ("gpu_reset_when_idle", "restart_app", "drain_after_job")
 STORE_RETRY = 5.0  # seconds between tries of a store that refused a write
 JOURNAL_LOOK = 10.0  # seconds between looks for journal entries to replay (two listings)
+ROUND_PARALLEL = 2  # checks of a scheduled round that run at once (see HealthDaemon.run_due)
 COALESCE_SECONDS = 2.0  # a check due this soon (at most a quarter of its interval) runs now
 REFRESH_SECONDS = 300.0  # an unchanged condition's message, evidence and updated_at
 # The scheduler never waits long for the runner: a run asked for through the socket (a
@@ -228,7 +229,7 @@ class HealthDaemon:
         planned = {name: max(now, at) + self._interval(name) for name, at in due_at.items()}
         self._due.update(planned)
         try:
-            report = self.checks.run(due, wait=self.runner_wait)
+            report = self.checks.run(due, wait=self.runner_wait, parallel=ROUND_PARALLEL)
         except RunnerBusy:
             retry = time.monotonic() + self.busy_retry
             for name in due:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import queue
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -183,9 +185,11 @@ class Runner:
         tier: Tier | None = None,
         budget: float | None = None,
         wait: float | None = None,
+        parallel: int | None = None,
     ) -> RunReport:
-        """Run the selected checks in parallel; return when all have answered or reached
-        their timeout (capped by `budget` seconds overall, for the launch tier).
+        """Run the selected checks in parallel (at most `parallel` at once; None: all); return
+        when all have answered or reached their timeout (each counted from its own start,
+        capped by `budget` seconds overall, for the launch tier).
 
         `wait` bounds how long to queue behind a run already in progress (None: as long as
         it takes); RunnerBusy when it runs out."""
@@ -193,11 +197,11 @@ class Runner:
         if not self._lock.acquire(timeout=-1 if wait is None else max(0.0, wait)):
             raise RunnerBusy(f"another check run is still in progress after {wait:g}s")
         try:
-            return self._run(selected, budget)
+            return self._run(selected, budget, parallel)
         finally:
             self._lock.release()
 
-    def _run(self, names: list[str], budget: float | None) -> RunReport:
+    def _run(self, names: list[str], budget: float | None, parallel: int | None) -> RunReport:
         started_wall = self.ctx.clock.now()
         start = time.monotonic()
         # This run's specs, configs and instances, whatever a reload swaps in meanwhile.
@@ -207,7 +211,7 @@ class Runner:
             self._reap()
             hung_now = dict(self._hung)
         outcomes: dict[str, CheckOutcome] = {}
-        running: dict[str, tuple[Worker, _Slot, float, float]] = {}
+        to_start: deque[tuple[str, CheckConfig, float]] = deque()
         for name in names:
             spec, cfg = specs[name], configs[name]
             missing = [need for need in spec.needs if not self.ctx.provides(need)]
@@ -235,35 +239,61 @@ class Runner:
             timeout = spec.timeout_for(cfg)
             if budget is not None:
                 timeout = min(timeout, budget)
-            slot = _Slot()
-            started = time.monotonic()
-            worker = self._workers.start(
-                functools.partial(self._work, instances[name], cfg, slot), f"check-{name}"
-            )
-            running[name] = (worker, slot, started + timeout, timeout)
+            to_start.append((name, cfg, timeout))
 
-        for name, (worker, slot, deadline, timeout) in running.items():
-            if slot.done.wait(max(0.0, deadline - time.monotonic())):
-                outcomes[name] = self._collect(name, slot)
-                continue
-            worker.abandon()
-            with self._hung_lock:
-                self._hung[name] = _Hung(worker, self.ctx.clock.now(), deadline - timeout)
-            result = _unknown(
-                name,
-                "check.timeout",
-                f"{name}: no answer within {timeout:g}s ({slot.phase})",
-                timeout_seconds=timeout,
-                phase=slot.phase,
-            )
-            outcomes[name] = CheckOutcome(name, RunState.TIMEOUT, (result,), timeout)
+        # Each check's deadline counts from its own start; a budget ends them all at once.
+        end = None if budget is None else start + budget
+        finished: queue.SimpleQueue[str] = queue.SimpleQueue()
+        running: dict[str, tuple[Worker, _Slot, float, float, float]] = {}
+        at_once = len(to_start) if parallel is None else max(1, parallel)
+        while to_start or running:
+            while to_start and len(running) < at_once:
+                name, cfg, timeout = to_start.popleft()
+                started = time.monotonic()
+                deadline = started + timeout if end is None else min(started + timeout, end)
+                slot = _Slot()
+                worker = self._workers.start(
+                    functools.partial(self._work, instances[name], cfg, slot, finished, name),
+                    f"check-{name}",
+                )
+                running[name] = (worker, slot, started, deadline, timeout)
+            first_deadline = min(deadline for _, _, _, deadline, _ in running.values())
+            try:
+                done = finished.get(timeout=max(0.0, first_deadline - time.monotonic()))
+            except queue.Empty:
+                done = None
+            if done is not None and done in running:
+                outcomes[done] = self._collect(done, running.pop(done)[1])
+            now = time.monotonic()
+            for name, (worker, slot, started, deadline, timeout) in list(running.items()):
+                if deadline > now or slot.done.is_set():
+                    continue  # a slot done at its deadline is collected from `finished`
+                del running[name]
+                worker.abandon()
+                with self._hung_lock:
+                    self._hung[name] = _Hung(worker, self.ctx.clock.now(), started)
+                result = _unknown(
+                    name,
+                    "check.timeout",
+                    f"{name}: no answer within {timeout:g}s ({slot.phase})",
+                    timeout_seconds=timeout,
+                    phase=slot.phase,
+                )
+                outcomes[name] = CheckOutcome(name, RunState.TIMEOUT, (result,), timeout)
         return RunReport(
             started=started_wall,
             seconds=time.monotonic() - start,
             outcomes=tuple(outcomes[n] for n in names),
         )
 
-    def _work(self, check: Check[Any, Any], cfg: CheckConfig, slot: _Slot) -> None:
+    def _work(
+        self,
+        check: Check[Any, Any],
+        cfg: CheckConfig,
+        slot: _Slot,
+        finished: queue.SimpleQueue[str],
+        name: str,
+    ) -> None:
         begin = time.monotonic()
         try:
             observation = check.gather(self.ctx, cfg)
@@ -274,6 +304,7 @@ class Runner:
         finally:
             slot.seconds = time.monotonic() - begin
             slot.done.set()
+            finished.put(name)
 
     def _collect(self, name: str, slot: _Slot) -> CheckOutcome:
         if slot.error is not None:

@@ -159,6 +159,64 @@ def test_hung_check_times_out_without_blocking_others(
     assert calls(runner, "stuck") == ["gather", "gather"]
 
 
+def test_at_most_parallel_checks_run_at_once_each_with_its_own_deadline(
+    ctx: CheckContext, gate: threading.Event
+) -> None:
+    """A scheduled round runs its checks a few at a time (fewer threads contending for the
+    interpreter); a hung one holds one lane only, and a check started after it still gets
+    its whole timeout."""
+    lock = threading.Lock()
+    now_running = [0]
+    most = [0]
+
+    def counted(name: str) -> Behaviour:
+        def run() -> list[Result]:
+            with lock:
+                now_running[0] += 1
+                most[0] = max(most[0], now_running[0])
+            time.sleep(0.02)  # the check's own work: long enough to overlap if run together
+            with lock:
+                now_running[0] -= 1
+            return [ok(name, "fine")]
+
+        return run
+
+    names = [f"c{i}" for i in range(6)]
+    runner = Runner(
+        ctx,
+        specs=[
+            make_spec("stuck", blocking("stuck", gate), timeout=0.5),
+            *(make_spec(n, counted(n), timeout=0.5) for n in names),
+        ],
+    )
+    begin = time.monotonic()
+    report = runner.run(parallel=2)
+    took = time.monotonic() - begin
+    states = {o.name: o.state for o in report.outcomes}
+    assert states == {"stuck": RunState.TIMEOUT, **dict.fromkeys(names, RunState.DONE)}
+    assert most[0] == 1  # the stuck check held the other lane throughout
+    assert took < 3.0
+    runner.run(names, parallel=3)
+    assert most[0] == 3
+    assert [o.name for o in report.outcomes] == ["stuck", *names]  # the order asked for
+
+
+def test_with_one_lane_a_check_after_a_hung_one_gets_its_whole_timeout(
+    ctx: CheckContext, gate: threading.Event
+) -> None:
+    runner = Runner(
+        ctx,
+        specs=[
+            make_spec("stuck", blocking("stuck", gate), timeout=0.3),
+            make_spec(
+                "slowish", lambda: (time.sleep(0.2), [ok("slowish", "fine")])[1], timeout=0.3
+            ),
+        ],
+    )
+    report = runner.run(parallel=1)
+    assert [o.state for o in report.outcomes] == [RunState.TIMEOUT, RunState.DONE]
+
+
 def test_budget_caps_every_timeout(ctx: CheckContext, gate: threading.Event) -> None:
     runner = Runner(ctx, specs=[make_spec("slow", blocking("slow", gate), timeout=60)])
     begin = time.monotonic()
