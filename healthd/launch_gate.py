@@ -35,10 +35,10 @@ GATE_FLUSH = 1.0  # seconds job_summary waits for queued gate decisions to reach
 # of CPU: at one job start a second, every 5 s instead of every start). A CRITICAL verdict
 # reads them before the reply. So an RMA ticket opened for a node Slurm still has in service
 # (`medic rma open` does not drain) may let jobs start there for up to RAILS_MAX_AGE seconds;
-# the ladder's keep-out drains such a node within its 2 s tick, after which Slurm places no
-# new job there, so the gate's bound matters when the ladder cannot drain it (slurmctld does
-# not answer, a repair step under way). Ten seconds is also the checks' own interval: how late
-# a fault of the node is seen at worst.
+# the ladder's keep-out drains such a node at its next look (within 5 s), after which Slurm
+# places no new job there, so the gate's bound matters when the ladder cannot drain it
+# (slurmctld does not answer, a repair step under way). Ten seconds is also the checks' own
+# interval: how late a fault of the node is seen at worst.
 RAILS_FRESH, RAILS_MAX_AGE = 5.0, 10.0
 
 
