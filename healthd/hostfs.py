@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Generic, Protocol, TypeVar
 
 MAX_READ_BYTES = 1 << 20
+READ_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,28 @@ class HostRoots:
 
 
 def read_text(root: Path, rel: str, *, max_bytes: int = MAX_READ_BYTES) -> str | None:
-    """The text of root/rel, or None when it does not exist. Other errors raise."""
+    """The text of root/rel (at most `max_bytes`), or None when it does not exist. Other
+    errors raise.
+
+    Plain os.read in READ_CHUNK pieces: a buffered file object reading `max_bytes` at once
+    allocated and freed a megabyte per attribute, 3x the cost of a sysfs read (the ib check
+    reads a dozen attributes per port every run)."""
     try:
-        with open(root / rel, "rb") as fh:
-            data = fh.read(max_bytes)
+        fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return data.decode("utf-8", errors="replace")
+    try:
+        chunks: list[bytes] = []
+        size = 0
+        while size < max_bytes:
+            chunk = os.read(fd, min(READ_CHUNK, max_bytes - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", errors="replace")
 
 
 def read_value(root: Path, rel: str) -> str | None:

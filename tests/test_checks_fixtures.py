@@ -47,3 +47,18 @@ def test_reader_keeps_absent_apart_from_failed(tmp_path: Path) -> None:
         read_text(tmp_path, "dir")
     with pytest.raises(ValueError):
         HostRoots(tmp_path).path("/../etc")
+
+
+def test_reader_reads_past_one_chunk_up_to_its_bound_and_across_odd_bytes(tmp_path: Path) -> None:
+    from healthd.hostfs import READ_CHUNK
+
+    big = bytes(range(256)) * (READ_CHUNK // 128 + 3)  # more than two chunks, every byte
+    (tmp_path / "big").write_bytes(big)
+    assert read_text(tmp_path, "big") == big.decode("utf-8", errors="replace")
+    clipped = read_text(tmp_path, "big", max_bytes=READ_CHUNK + 5)
+    assert clipped == big[: READ_CHUNK + 5].decode("utf-8", errors="replace")
+    assert read_text(tmp_path, "big", max_bytes=0) == ""
+    (tmp_path / "empty").write_bytes(b"")
+    assert read_text(tmp_path, "empty") == ""
+    (tmp_path / "link").symlink_to(tmp_path / "big")  # sysfs is symlinks: followed
+    assert read_text(tmp_path, "link") == read_text(tmp_path, "big")
