@@ -149,7 +149,7 @@ def test_a_write_the_store_refuses_is_kept_in_the_journal_and_replayed(
 
 
 def test_a_full_queue_and_an_exit_lose_nothing(paths: NodePaths, store: GatedStore) -> None:
-    recorder = EventRecorder(lambda: store, paths, "n1", bound=2)  # type: ignore[arg-type,return-value]
+    recorder = EventRecorder(lambda: store, paths, "n1", bound=2, linger=0)  # type: ignore[arg-type,return-value]
     store.open.clear()
     at = dt.datetime.now(dt.UTC)
 
@@ -306,7 +306,7 @@ def record_held(recorder: EventRecorder, store: GatedStore, events: list[dict[st
 def test_what_is_queued_is_written_in_one_transaction_in_order_with_its_times(
     paths: NodePaths, store: GatedStore
 ) -> None:
-    recorder = EventRecorder(lambda: store, paths, "n1")  # type: ignore[arg-type,return-value]
+    recorder = EventRecorder(lambda: store, paths, "n1", linger=0)  # type: ignore[arg-type,return-value]
     record_held(recorder, store, [gate_event(n) for n in range(6)])
     store.open.set()
     assert recorder.flush(10)
@@ -318,7 +318,7 @@ def test_what_is_queued_is_written_in_one_transaction_in_order_with_its_times(
 def test_flush_waits_for_the_batch_being_written_and_what_queued_behind_it(
     paths: NodePaths, store: GatedStore
 ) -> None:
-    recorder = EventRecorder(lambda: store, paths, "n1")  # type: ignore[arg-type,return-value]
+    recorder = EventRecorder(lambda: store, paths, "n1", linger=0)  # type: ignore[arg-type,return-value]
     record_held(recorder, store, [gate_event(n) for n in range(3)])
     assert not recorder.flush(0.05)  # the batch in flight counts
     flushed: list[bool] = []
@@ -356,7 +356,7 @@ def failing(store: GatedStore) -> Iterator[dict[str, bool]]:
 def test_a_batch_the_store_fails_midway_goes_to_the_journal_in_order_and_is_replayed(
     paths: NodePaths, store: GatedStore, failing: dict[str, bool]
 ) -> None:
-    recorder = EventRecorder(lambda: store, paths, "n1")  # type: ignore[arg-type,return-value]
+    recorder = EventRecorder(lambda: store, paths, "n1", linger=0)  # type: ignore[arg-type,return-value]
     record_held(recorder, store, [gate_event(n) for n in range(6)])
     store.open.set()
     assert recorder.flush(10)
@@ -393,7 +393,7 @@ def test_a_bad_event_in_a_batch_loses_none_of_the_others(
     events = [gate_event(n) for n in range(6)]
     if refusal == "checked":
         events[3] = gate_event(3, message="a NUL \x00 here")
-    recorder = EventRecorder(lambda: store, paths, "n1")  # type: ignore[arg-type,return-value]
+    recorder = EventRecorder(lambda: store, paths, "n1", linger=0)  # type: ignore[arg-type,return-value]
     record_held(recorder, store, events)
     store.open.set()
     assert recorder.flush(10)
@@ -409,7 +409,7 @@ def test_a_bad_event_in_a_batch_loses_none_of_the_others(
 def test_an_exit_while_the_write_fails_keeps_each_event_once(
     paths: NodePaths, store: GatedStore
 ) -> None:
-    recorder = EventRecorder(lambda: store, paths, "n1", bound=2)  # type: ignore[arg-type,return-value]
+    recorder = EventRecorder(lambda: store, paths, "n1", bound=2, linger=0)  # type: ignore[arg-type,return-value]
     record_held(recorder, store, [gate_event(n) for n in range(5)])  # 1, 2 queued; 3, 4 over
     recorder.close(timeout=0.05)
     store.down = True  # the write in flight fails after the exit kept it
@@ -467,7 +467,7 @@ def test_every_event_ends_in_the_store_or_the_journal_exactly_once(
     with tempfile.TemporaryDirectory(prefix="medic-recorder-") as tmp:
         paths = NodePaths(state_dir=Path(tmp) / "state", socket=Path(tmp) / "run" / "h.sock")
         fake = FakeStore()
-        recorder = EventRecorder(lambda: fake, paths, "n1", bound=4)  # type: ignore[arg-type,return-value]
+        recorder = EventRecorder(lambda: fake, paths, "n1", bound=4, linger=0)  # type: ignore[arg-type,return-value]
         targets: list[str] = []
         for op, good in ops:
             if op == "record":
@@ -497,3 +497,21 @@ def test_every_event_ends_in_the_store_or_the_journal_exactly_once(
         journal.replay(paths, lambda e: fake.add_event(e.node, **e.event))
         assert everywhere() == sorted(targets)
         assert sorted(t for t, _ in fake.rows) == sorted(t for t in targets if t[:3] == "job")
+
+
+def test_the_writer_lingers_for_more_and_a_flush_cuts_it_short(
+    paths: NodePaths, store: GatedStore
+) -> None:
+    """A busy node's starts share a transaction: the writer waits `linger` after the first
+    event; a flush (job_summary, exit) does not wait for the linger."""
+    store.open.set()
+    recorder = EventRecorder(lambda: store, paths, "n1", linger=30)  # type: ignore[arg-type,return-value]
+    for n in range(3):
+        recorder.record(gate_event(n), at=dt.datetime(2026, 11, 25, 12, 0, n, tzinfo=dt.UTC))
+    begin = time.monotonic()
+    assert recorder.flush(10)
+    assert time.monotonic() - begin < 10  # far below the 30 s linger
+    assert store.batches == [[f"job:{n}" for n in range(3)]]
+    recorder.record(gate_event(3))
+    assert recorder.flush(10)  # a second flush after a batch: again without lingering
+    assert store.batches[-1] == ["job:3"]
