@@ -454,18 +454,7 @@ class HealthDaemon:
         from medic_core import journal
 
         def add(entry: journal.Entry) -> None:
-            e = entry.event
-            self.store.add_event(
-                node=entry.node,
-                at=entry.at,
-                kind=str(e["kind"]),
-                severity=str(e.get("severity", "INFO")),
-                source=str(e.get("source", "healthd")),
-                message=str(e.get("message", "")),
-                fault_class=str(e.get("fault_class", "")),
-                target=str(e.get("target", "")),
-                evidence=dict(e.get("evidence") or {}),
-            )
+            self.store.add_event(**entry.store_fields())
 
         done = journal.replay(self.config.paths, add, deadline=time.monotonic() + 5.0)
         if done.delivered or done.set_aside:

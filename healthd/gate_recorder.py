@@ -268,19 +268,8 @@ class EventRecorder:
 
     def _replay(self, store: Store) -> None:
         def add(entry: journal.Entry) -> None:
-            e = entry.event
             try:
-                store.add_event(
-                    node=entry.node,
-                    at=entry.at,
-                    kind=str(e["kind"]),
-                    severity=str(e.get("severity", "INFO")),
-                    source=str(e.get("source", "healthd")),
-                    message=str(e.get("message", "")),
-                    fault_class=str(e.get("fault_class", "")),
-                    target=str(e.get("target", "")),
-                    evidence=dict(e.get("evidence") or {}),
-                )
+                store.add_event(**entry.store_fields())
             except (IntegrityError, DataError) as exc:  # data: set aside, not retried forever
                 raise ValueError(
                     f"{entry.path}: the store refuses it: {_first_line(exc)}"

@@ -45,6 +45,28 @@ class Entry:
     at: dt.datetime
     event: Mapping[str, Any]
 
+    def store_fields(self, source: str = "healthd") -> dict[str, Any]:
+        """Store.add_event's keywords for this entry (`source` when the event names none)."""
+        return store_fields(self.node, self.at, self.event, source)
+
+
+def store_fields(
+    node: str, at: dt.datetime, event: Mapping[str, Any], source: str = "healthd"
+) -> dict[str, Any]:
+    """Store.add_event's keywords for an event as the daemon and the hooks keep it (a dict
+    of strings and an evidence mapping: what the journal holds)."""
+    return {
+        "node": node,
+        "at": at,
+        "kind": str(event["kind"]),
+        "severity": str(event.get("severity", "INFO")),
+        "source": str(event.get("source", source)),
+        "message": str(event.get("message", "")),
+        "fault_class": str(event.get("fault_class", "")),
+        "target": str(event.get("target", "")),
+        "evidence": dict(event.get("evidence") or {}),
+    }
+
 
 def journal_dirs(paths: NodePaths) -> list[Path]:
     return [paths.state_dir / JOURNAL, paths.socket.parent / JOURNAL]

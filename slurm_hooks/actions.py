@@ -102,17 +102,9 @@ def record_event(config: MedicConfig, event: Mapping[str, Any]) -> None:
 
 
 def _add(store: Store, node: str, at: dt.datetime, event: Mapping[str, Any]) -> None:
-    store.add_event(
-        node=node,
-        at=at,
-        kind=str(event["kind"]),
-        severity=str(event.get("severity", "INFO")),
-        source=str(event.get("source", "hook")),
-        message=str(event.get("message", "")),
-        fault_class=str(event.get("fault_class", "")),
-        target=str(event.get("target", "")),
-        evidence=dict(event.get("evidence") or {}),
-    )
+    from medic_core.journal import store_fields
+
+    store.add_event(**store_fields(node, at, event, source="hook"))
 
 
 def replay_journal(config: MedicConfig, limit: int = 1000) -> str:
