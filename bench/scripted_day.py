@@ -256,7 +256,12 @@ def report_argv(lab: Lab, since: float, jobs: dict[str, str], work: Path) -> lis
 
 
 def report_json(lab: Lab, since: float, jobs: dict[str, str], work: Path) -> dict[str, Any]:
-    """`medic report --json` over the day, as an operator would run it."""
+    """`medic report --json` over the day, as an operator would run it: once the store has
+    what the nodes hold. A daemon writes its queued gate decisions within 2 s (the gate
+    recorder's linger) or at once when it stops; the day is over, so each node's daemon is
+    stopped first and the newest restarts' decisions are in the store."""
+    for name in lab.node_names():
+        lab.stop_healthd(name)
     out = proc.run([*report_argv(lab, since, jobs, work), "--json"], timeout=60, check=True)
     found: dict[str, Any] = json.loads(out.stdout)
     return found

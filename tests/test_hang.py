@@ -364,6 +364,12 @@ def test_evidence_of_a_real_process_and_its_children(tmp_path: Path) -> None:
         [sys.executable, "-c", "import time; time.sleep(30)"], log_path=tmp_path / "log"
     )
     try:
+        # Until the child has exec'd, its command line is its parent's (or empty).
+        poll(
+            "the child's exec",
+            lambda: b"time.sleep" in Path(f"/proc/{child}/cmdline").read_bytes(),
+            timeout=10,
+        )
         pids = hb_reader.job_processes(Path("/proc"), os.getpid(), os.geteuid())
         assert pids[0] == os.getpid() and child in pids
         assert hb_reader.job_processes(Path("/proc"), os.getpid(), os.geteuid() + 1) == []
