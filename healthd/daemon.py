@@ -198,11 +198,16 @@ class HealthDaemon:
 
     # ---- running checks ----------------------------------------------------------------
 
-    def _interval(self, name: str) -> float:
+    def _base_interval(self, name: str) -> float | None:
+        """The check's configured interval; None for a site command check a reload just
+        removed."""
         spec, cfg = self.checks.specs.get(name), self.checks.configs.get(name)
-        if spec is None or cfg is None:  # a site command check a reload just removed
+        return None if spec is None or cfg is None else spec.interval_for(cfg)
+
+    def _interval(self, name: str) -> float:
+        base = self._base_interval(name)
+        if base is None:
             return float(self.settings.prune_every)
-        base = spec.interval_for(cfg)
         jitter = self.settings.jitter
         return float(base * (1 + random.uniform(-jitter, jitter)))
 
@@ -210,10 +215,8 @@ class HealthDaemon:
         """How long before it is due a check joins the round that runs now: checks whose
         jittered times fall close together run in one round (one wake-up of the scheduler
         and of the check threads instead of one each)."""
-        spec, cfg = self.checks.specs.get(name), self.checks.configs.get(name)
-        if spec is None or cfg is None:
-            return 0.0
-        return min(COALESCE_SECONDS, spec.interval_for(cfg) / 4)
+        base = self._base_interval(name)
+        return 0.0 if base is None else min(COALESCE_SECONDS, base / 4)
 
     def run_due(self) -> RunReport | None:
         """Run the checks that are due; None when none are, or when the runner stays busy

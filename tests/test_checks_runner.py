@@ -22,6 +22,7 @@ from healthd.checks.base import (
     undeclared,
 )
 from healthd.runner import Runner, RunnerBusy, RunState
+from tests.conftest import poll
 
 Behaviour = Callable[[], list[Result]]
 
@@ -150,10 +151,7 @@ def test_hung_check_times_out_without_blocking_others(
     assert "stuck" in runner.hung()
 
     gate.set()
-    deadline = time.monotonic() + 5
-    while runner.hung() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not runner.hung()
+    poll("the stuck check's thread back", lambda: not runner.hung(), timeout=5)
     third = runner.run()
     assert third.outcomes[0].state is RunState.DONE
     assert calls(runner, "stuck") == ["gather", "gather"]
