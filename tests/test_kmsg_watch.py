@@ -116,3 +116,25 @@ def test_stop_wakes_a_follower_waiting_on_the_device() -> None:
     watcher = _watch(path, Woken())
     _asleep(watcher)
     _stops_at_once(watcher)
+
+
+def test_without_inotify_the_file_is_polled_on_its_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel without inotify (or a seccomp filter refusing it): the follower falls back
+    to looking at the file's size and mtime every `tick`, and still stops at once."""
+    monkeypatch.setattr("healthd.kmsg_watch.FileWatch.open", classmethod(lambda cls, path: None))
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    woken = Woken()
+    watcher = KmsgWatcher(kmsg, woken, tick=0.05, min_gap=0.0)
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 10
+        while "gpu_xid" not in woken.names:
+            with kmsg.open("a") as f:
+                f.write(XID)
+            assert time.monotonic() < deadline, "the XID line never woke gpu_xid"
+            time.sleep(0.05)
+    finally:
+        _stops_at_once(watcher)
