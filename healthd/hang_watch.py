@@ -47,6 +47,10 @@ from medic_core import heartbeat
 log = logging.getLogger("medic.healthd")
 
 RETRY_SECONDS = 5.0  # a hang whose answer Slurm failed is handed over again this often
+# While no job of the node reports progress, the watch looks every IDLE_POLLS x hang_poll: a
+# job is judged only after min_steps steps and hang_floor seconds, so seeing its first beat a
+# few seconds later changes no verdict, and an idle node does not list the spool every second.
+IDLE_POLLS = 5
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,7 @@ class HangWatch:
                 if failing:
                     log.warning("hang watch: looks work again")
                 failing = ""
-            self._stop.wait(poll)
+            self._stop.wait(poll if self.progress else poll * IDLE_POLLS)
 
     def look(self) -> list[Verdict]:
         """One look at every job on the node; hangs go to `respond`. Returns the verdicts."""

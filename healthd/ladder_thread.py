@@ -623,11 +623,17 @@ def watch_hangs(daemon: LadderDaemon, thread: LadderThread) -> HangWatch:
     configuration at every look (a reload applies at the next one)."""
     node = daemon.node
     spool: list[Path] = []  # slurmd's spool as the last look's settings name it
+    # (the configuration they were read from, the settings): read again only after a reload
+    # replaced the configuration, not at every look.
+    read: list[tuple[object, WatchSettings]] = []
 
     def settings() -> WatchSettings:
-        s = DaemonSettings.from_config(daemon.config)
+        config = daemon.config
+        if read and read[0][0] is config:
+            return read[0][1]
+        s = DaemonSettings.from_config(config)
         spool[:] = [Path(s.slurmd_spool_dir.replace("%n", node).replace("{node}", node))]
-        return WatchSettings(
+        watch = WatchSettings(
             enabled=s.hang_detection,
             hang=HangSettings(
                 factor=s.hang_factor,
@@ -641,6 +647,8 @@ def watch_hangs(daemon: LadderDaemon, thread: LadderThread) -> HangWatch:
             straggler=StragglerSettings(ratio=s.straggler_ratio, repeats=s.straggler_repeats),
             straggler_every=s.straggler_every,
         )
+        read[:] = [(config, watch)]
+        return watch
 
     def job_ids() -> tuple[str, ...] | None:
         return SpoolJobState(spool[0], node).job_ids() if spool else None

@@ -35,7 +35,7 @@ from healthd.hang import (
     step_times,
 )
 from healthd.hang import Pace as HangPace
-from healthd.hang_watch import Hang, HangWatch, WatchSettings
+from healthd.hang_watch import IDLE_POLLS, Hang, HangWatch, WatchSettings
 from healthd.nvml_client import GpuProcess, Utilization
 from healthd.progress import BeatRead, prepare_dir, read_beat
 from medic_core import heartbeat, proc
@@ -919,3 +919,43 @@ def test_with_the_store_down_this_report_alone_counts(caplog: pytest.LogCaptureF
     alone = straggler_thread([], drain_jobs=1, store_down=True)
     alone.report_straggler(found_in("3"))
     assert len(alone.responded) == 1
+
+
+class CountedStop:
+    """The watch's stop event: records each wait's timeout, stops the loop after `looks`."""
+
+    def __init__(self, looks: int, between: Any = None) -> None:
+        self.waits: list[float] = []
+        self.looks = looks
+        self.between = between  # called after each wait: the world changes between looks
+
+    def is_set(self) -> bool:
+        return len(self.waits) >= self.looks
+
+    def wait(self, timeout: float) -> bool:
+        self.waits.append(timeout)
+        if self.between is not None:
+            self.between()
+        return self.is_set()
+
+
+def test_the_watch_looks_every_poll_while_a_job_reports_and_seldom_while_none_does(
+    watch: Any,
+) -> None:
+    w, clock, jobs, _ = watch
+    poll = WatchSettings().poll
+    seen: list[int] = []
+
+    def between() -> None:  # job 7 starts beating after the 2nd look, ends after the 4th
+        seen.append(len(seen))
+        if len(seen) in (2, 3):
+            advance(jobs, "7", clock)
+        if len(seen) == 4:
+            jobs.pop("7")
+        clock.now += 1.0
+
+    w._stop = CountedStop(6, between)
+    w.loop()
+    idle, busy = poll * IDLE_POLLS, poll
+    # looks 1-2: nothing reports; 3-4: job 7 watched; 5: it ended (forgotten); 6: idle again
+    assert w._stop.waits == [idle, idle, busy, busy, idle, idle]

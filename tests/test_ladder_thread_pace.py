@@ -3,12 +3,14 @@ episode, an answer Slurm refused, burn-in not settled), every `idle_every` when 
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from healthd.ladder_thread import IDLE_EVERY, LadderThread
+from healthd.ladder_thread import IDLE_EVERY, LadderThread, watch_hangs
+from medic_core.config import MedicConfig, load_config
 
 
 class Ladder:
@@ -81,3 +83,18 @@ def test_a_tick_that_failed_is_not_taken_for_idle() -> None:
 )
 def test_work_outside_an_episode_keeps_the_brisk_pace(extra: dict[str, Any], brisk: bool) -> None:
     assert waits([None], **extra) == [2.0 if brisk else IDLE_EVERY]
+
+
+def test_the_hang_watch_reads_its_settings_again_only_after_a_reload(tmp_path: Path) -> None:
+    def config(poll: float) -> MedicConfig:
+        path = tmp_path / f"medic-{poll}.toml"
+        path.write_text(f"[healthd]\nhang_poll = {poll}\n")
+        return load_config(path)
+
+    daemon = SimpleNamespace(node="n1", config=config(2.0))
+    thread = SimpleNamespace(respond_hang=None, compare_pace=None, report_straggler=None)
+    watch = watch_hangs(daemon, thread)  # type: ignore[arg-type]
+    first = watch.settings()
+    assert first.poll == 2.0 and watch.settings() is first  # the same object: not parsed again
+    daemon.config = config(3.0)  # a reload gives the daemon a new configuration
+    assert watch.settings().poll == 3.0
