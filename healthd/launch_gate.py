@@ -31,14 +31,14 @@ GATE_FLUSH = 1.0  # seconds job_summary waits for queued gate decisions to reach
 # The gate's rails (open RMA tickets, the drain cap's hold, the GPUs isolation took out) for a
 # verdict that is not CRITICAL come from memory when read within RAILS_MAX_AGE seconds, else
 # from the store before the reply; once older than RAILS_FRESH they are read again after the
-# reply, at most once per RAILS_FRESH seconds whatever the launch rate (one read costs ~0.3 ms
-# of CPU: at one job start a second, every 5 s instead of every start). A CRITICAL verdict
-# reads them before the reply. So an RMA ticket opened for a node Slurm still has in service
-# (`medic rma open` does not drain) may let jobs start there for up to RAILS_MAX_AGE seconds;
-# the ladder's keep-out drains such a node at its next look (within 5 s), after which Slurm
-# places no new job there, so the gate's bound matters when the ladder cannot drain it
-# (slurmctld does not answer, a repair step under way). Ten seconds is also the checks' own
-# interval: how late a fault of the node is seen at worst.
+# reply, at most once per RAILS_FRESH seconds whatever the launch rate (one read, a single
+# transaction, costs ~0.2 ms of CPU: at one job start a second, every 5 s, not every start).
+# A CRITICAL verdict reads them before the reply. So an RMA ticket opened for a node Slurm
+# still has in service (`medic rma open` does not drain) may let jobs start there for up to
+# RAILS_MAX_AGE seconds; the ladder's keep-out drains such a node at its next look (within
+# 5 s), after which Slurm places no new job there, so the gate's bound matters when the
+# ladder cannot drain it (slurmctld does not answer, a repair step under way). Ten seconds is
+# also the checks' own interval: how late a fault of the node is seen at worst.
 RAILS_FRESH, RAILS_MAX_AGE = 5.0, 10.0
 
 
@@ -289,11 +289,11 @@ class LaunchGate:
         from remediation.isolation import out_of_gres, recorded
 
         try:
-            rma_open = tickets.open_tickets(self.host.store, self.host.node)
-            episode = ep.EpisodeStore(self.host.store).open_for(self.host.node)
+            rails = tickets.read_rails(self.host.store, self.host.node)
         except Exception as exc:  # a store that fails must not stop a job start
             log.warning("launch gate: RMA tickets and episodes unknown: %s", exc)
             return [], "", ()
+        rma_open, episode = rails.open_tickets, rails.episode
         isolated = out_of_gres(recorded(episode.evidence)) if episode is not None else ()
         if episode is not None and episode.state == ep.WAITING_CAP:
             return rma_open, f"episode {episode.id} waits for the drain cap", isolated

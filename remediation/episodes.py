@@ -22,12 +22,14 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Connection,
     DateTime,
     Integer,
     MetaData,
     String,
     Table,
     Text,
+    bindparam,
     insert,
     select,
     text,
@@ -208,14 +210,8 @@ class EpisodeStore:
         return _episode(row._mapping) if row is not None else None
 
     def open_for(self, node: str) -> Episode | None:
-        query = (
-            select(episodes)
-            .where(episodes.c.node == node, episodes.c.state.in_(OPEN_STATES))
-            .order_by(episodes.c.id.desc())
-        )
         with self.store.engine.connect() as conn:
-            row = conn.execute(query).first()
-        return _episode(row._mapping) if row is not None else None
+            return read_open_episode(conn, node)
 
     def find(
         self,
@@ -406,6 +402,21 @@ class EpisodeRefused(ValueError):
 
 class EpisodeChanged(EpisodeRefused):
     """The ladder moved the episode between the read and the write."""
+
+
+# Built once: the ladder asks at every tick and the launch gate after job starts.
+_OPEN_FOR = (
+    select(episodes)
+    .where(episodes.c.node == bindparam("node"), episodes.c.state.in_(OPEN_STATES))
+    .order_by(episodes.c.id.desc())
+    .limit(1)
+)
+
+
+def read_open_episode(conn: Connection, node: str) -> Episode | None:
+    """`node`'s open episode (the newest, should there be two), on `conn`."""
+    row = conn.execute(_OPEN_FOR, {"node": node}).first()
+    return _episode(row._mapping) if row is not None else None
 
 
 def _episode(m: Mapping[Any, Any]) -> Episode:

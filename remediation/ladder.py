@@ -380,13 +380,18 @@ class Ladder:
     def tick(self) -> ep.Episode | None:
         """Move this node's open episode on by what is possible now; safe to call any time,
         in particular right after a restart."""
-        episode = self.store.open_for(self.node)
+        from remediation import tickets
+
+        rails = tickets.read_rails(self.store.store, self.node)
+        episode = rails.episode
         # An open RMA ticket keeps the node out whatever its episode waits on (the cap, a
         # human); only a repair under way (acting, rebooting) is left to finish first.
-        if episode is None or episode.state not in (ep.ACTING, ep.REBOOTING):
+        if rails.open_tickets and (
+            episode is None or episode.state not in (ep.ACTING, ep.REBOOTING)
+        ):
             self._keep_rma_out()
         if episode is None:
-            return self._requalify_after_rma()
+            return self._requalify_after_rma() if rails.requalify else None
         if episode.state == ep.WAITING_CAP:
             return self._await_cap(episode)
         if self.store.control().paused:
@@ -452,12 +457,8 @@ class Ladder:
         return episode
 
     def _keep_rma_out(self) -> None:
-        """A node with an open RMA ticket is never schedulable: a reboot rung's DOWN, then
+        """The node has an open RMA ticket: it is never schedulable: a reboot rung's DOWN, then
         ReturnToService, or a human's resume must not put it back. Drain it again."""
-        from remediation import tickets
-
-        if not tickets.open_tickets(self.store.store, self.node):
-            return
         try:
             info = self.slurm.node(self.node)
             if info is None or info.drained:
@@ -680,13 +681,12 @@ class Ladder:
         return self._escalate(episode, f"still {first.status.value}: {first.message}")
 
     def _requalify_after_rma(self) -> ep.Episode | None:
-        """A closed RMA ticket (the part replaced) keeps the node out until it passes the
+        """The node's closed RMA ticket waits for re-qualification. A closed RMA ticket (the
+        part replaced) keeps the node out until it passes the
         checks a repair must pass; then the ticket's flag is cleared, its episode resolved
         and Medic's drain lifted. A failing node is tried again every REQUALIFY_RETRY."""
         from remediation import tickets
 
-        if not tickets.needs_requalification(self.store.store, self.node):
-            return None
         now = time.monotonic()
         if self.store.control().paused or now - self._last_requalify < REQUALIFY_RETRY:
             return None

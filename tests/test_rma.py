@@ -369,3 +369,39 @@ def test_a_notification_survives_a_crash_between_the_change_and_the_post(
     bodies = [json.loads(body) for body in received]
     assert [b["ticket"]["state"] for b in bodies] == ["open", "submitted"]
     assert bodies[1]["ticket"]["external_id"] == "INC-1"
+
+
+# -- the rails: one read of what keeps a node out ----------------------------------------------
+
+
+def test_the_rails_read_agrees_with_the_separate_reads_through_a_tickets_life(
+    store: Store,
+) -> None:
+    from remediation.episodes import CLOSED_STATES, EpisodeStore
+
+    episodes = EpisodeStore(store)
+
+    def agrees(node: str) -> rma.NodeRails:
+        rails = rma.read_rails(store, node)
+        assert rails.open_tickets == rma.open_tickets(store, node)
+        assert rails.requalify == rma.needs_requalification(store, node)
+        assert rails.episode == episodes.open_for(node)
+        return rails
+
+    assert agrees("gpu01") == rma.NodeRails(None, [], False)
+    opened = episodes.open_episode(
+        "gpu01", state="waiting_idle", fault_class="gpu.xid.79", target="gpu:3",
+        check="gpu_xid", recommendation="reset_gpu", rung=1, message="", evidence={},
+    )  # fmt: skip
+    ticket = open_one(store)
+    open_one(store, node="gpu02")  # another node's ticket is not this node's
+    assert agrees("gpu01").open_tickets == [ticket.id]
+    assert agrees("gpu01").episode == opened
+    for state in PATH_TO[S.CLOSED]:
+        ticket = rma.transition(store, ticket.id, state, "vendor")
+        agrees("gpu01")
+    episodes.update(opened.id, state=sorted(CLOSED_STATES)[0])
+    assert agrees("gpu01") == rma.NodeRails(None, [], True)
+    rma.requalified(store, "gpu01", "healthcheck")
+    assert agrees("gpu01") == rma.NodeRails(None, [], False)
+    assert agrees("gpu02").open_tickets and not agrees("gpu02").requalify
