@@ -2,7 +2,10 @@
 and its implementation over the official bindings (`pynvml`, imported lazily).
 
 Every device call runs on a worker thread with a deadline, because NVML does hang (a GPU
-that fell off the bus, a wedged driver) and a hung ctypes call cannot be interrupted:
+that fell off the bus, a wedged driver) and a hung ctypes call cannot be interrupted. A
+check's sweep over the GPUs (`sweep()`) makes its calls one after another on ONE worker, each
+under its own deadline: the caller waits once for the whole sweep, and only when a call
+overruns does it leave that worker to the hung call and go on with the rest on a new one.
 
 * a call that overruns raises `NvmlTimeout`; its thread is remembered, and until it returns
   the same (function, GPU) fails fast with `NvmlTimeout(still_hung=True)` instead of
@@ -17,7 +20,9 @@ reset by any successful call on that GPU. It renders no verdict itself: the `gpu
 check turns the counts into CRITICAL `gpu.nvml.unresponsive`; one timeout alone is UNKNOWN.
 
 `measure()` turns a call into a `Reading` (a value or a named problem) so that checks put
-plain data into their observations and `evaluate()` stays pure.
+plain data into their observations and `evaluate()` stays pure. A `Sweep` is a generator that
+yields client calls (one NVML call each) and is sent back their readings; `run_sweep()` runs
+one in the caller's thread, the way a client without worker threads does.
 """
 
 from __future__ import annotations
@@ -25,16 +30,18 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
 
-from healthd.workers import WorkerPool
+from healthd.workers import Worker, WorkerPool
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 DEFAULT_CALL_TIMEOUT = 3.0  # seconds; healthy NVML calls take well under 0.1 s
 DEFAULT_INIT_TIMEOUT = 30.0  # nvmlInit without persistence mode can take seconds per GPU
@@ -289,6 +296,12 @@ class NvmlClient(Protocol):
 
     def call_health(self) -> dict[int, CallHealth]: ...
 
+    def sweep(self, plan: Sweep[R]) -> R:
+        """Run `plan`: each client call it yields is measured and its `Reading` sent back;
+        returns what the plan returns. The same calls, answers and streaks as `run_sweep`
+        (which a client without worker threads uses), however it is run."""
+        ...
+
 
 class NvmlEvents(Protocol):
     """NVML's event API, for the XID listener. Call it from one dedicated thread: waits are
@@ -348,6 +361,23 @@ def measure(call: Callable[[], T]) -> Reading[T]:
         return Reading(None, problem_of(exc), str(exc))
 
 
+# A check's pass over the GPUs: yields client calls (each making one NVML call: a timeout
+# ends the call that yielded it, not more), is sent each call's Reading, returns its result.
+Sweep = Generator[Callable[[], Any], Reading[Any], R]
+
+
+def run_sweep(plan: Sweep[R]) -> R:
+    """Run a sweep in this thread, one `measure()` after another (the default for clients
+    and fakes without worker threads of their own)."""
+    try:
+        call = next(plan)
+        while True:
+            call = plan.send(measure(call))
+    except StopIteration as stop:
+        result: R = stop.value
+        return result
+
+
 # --- PCI bus ids ----------------------------------------------------------------------------
 
 
@@ -380,6 +410,44 @@ class _Slot:
     done: threading.Event = field(default_factory=threading.Event)
     value: Any = None
     error: BaseException | None = None
+
+    def returned(self) -> bool:
+        return self.done.is_set()
+
+
+@dataclass(eq=False)
+class _Call:
+    """The call a sweep's worker is in, published for the caller that waits on the sweep."""
+
+    function: str
+    gpu: int | None
+    timeout: float
+    deadline: float  # time.monotonic()
+    ended: bool = False  # the call returned (or raised)
+
+    def returned(self) -> bool:
+        return self.ended
+
+
+_FIRST: Any = object()  # a sweep's first step: next(plan), nothing to send yet
+
+
+class _Abandoned(BaseException):
+    """Raised in a sweep's worker whose call returned after the caller gave up on it: the
+    rest of the sweep runs on another worker. A BaseException, so no check catches it."""
+
+
+class _SweepRun:
+    """One `sweep()`: the plan, the call in progress, and which worker owns the plan."""
+
+    def __init__(self, plan: Sweep[Any]) -> None:
+        self.plan = plan
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.lane = 0  # the worker that may advance the plan; +1 on each takeover
+        self.current: _Call | None = None
+        self.result: Any = None
+        self.error: BaseException | None = None
 
 
 @dataclass
@@ -421,8 +489,9 @@ class PynvmlClient:
         self._opened = False
         self._lock = threading.Lock()
         self._init_lock = threading.Lock()
-        self._hung: dict[tuple[str, int | None], _Slot] = {}  # calls that overran
+        self._hung: dict[tuple[str, int | None], _Slot | _Call] = {}  # calls that overran
         self._workers = WorkerPool("nvml-call")
+        self._local = threading.local()  # .on: (sweep, lane) on a sweep's worker
         self._streaks: dict[int, _Streak] = {}
         self._info: dict[int, GpuInfo] = {}
         self._handle_index: dict[int, int] = {}  # device handle address -> index (events)
@@ -469,9 +538,32 @@ class PynvmlClient:
             if self._held:  # under the lock: close() for a repair waits for an init under way
                 raise NvmlUnavailable("nvmlInit", None, self._held)
             if not self._opened:
-                self._run("nvmlInit", None, nv.nvmlInit, self.init_timeout)
+                with self._off_sweep(self.init_timeout + self.call_timeout):
+                    self._run("nvmlInit", None, nv.nvmlInit, self.init_timeout)
                 self._opened = True
         return nv
+
+    @contextmanager
+    def _off_sweep(self, allow: float) -> Iterator[None]:
+        """On a sweep's worker, run the body's calls on a worker of their own with their own
+        deadline (the init: a hung one must not keep the init lock on the sweep's worker);
+        the sweep's caller gives the body `allow` seconds."""
+        on = getattr(self._local, "on", None)
+        if on is None:
+            yield
+            return
+        run, lane = on
+        guard = _Call("nvmlInit", None, allow, time.monotonic() + allow)
+        run.current = guard
+        self._local.on = None
+        try:
+            yield
+        finally:
+            self._local.on = on
+            with run.lock:
+                guard.ended = True
+                if run.lane != lane:
+                    raise _Abandoned
 
     # -- the deadline wrapper
 
@@ -513,29 +605,43 @@ class PynvmlClient:
         key = (function, gpu)
         with self._lock:
             hung = self._hung.get(key)
-            if hung is not None and hung.done.is_set():
+            if hung is not None and hung.returned():
                 del self._hung[key]
                 hung = None
         if hung is not None:
             self._record(gpu, function, "timeout")
             raise NvmlTimeout(function, gpu, timeout, still_hung=True)
         slot = _Slot()
-
-        def make_call() -> None:
+        on = getattr(self._local, "on", None)
+        if on is not None:  # a sweep's worker: call directly, the sweep's caller keeps time
+            run, lane = on
+            current = _Call(function, gpu, timeout, time.monotonic() + timeout)
+            run.current = current
             try:
                 slot.value = call()
             except BaseException as exc:
                 slot.error = exc
-            finally:
-                slot.done.set()
+            with run.lock:
+                current.ended = True
+                if run.lane != lane:  # overran: the caller counted the timeout, not us
+                    raise _Abandoned
+        else:
 
-        worker = self._workers.start(make_call, f"nvml-{function}")
-        if not slot.done.wait(timeout):
-            worker.abandon()
-            with self._lock:
-                self._hung[key] = slot
-            self._record(gpu, function, "timeout")
-            raise NvmlTimeout(function, gpu, timeout)
+            def make_call() -> None:
+                try:
+                    slot.value = call()
+                except BaseException as exc:
+                    slot.error = exc
+                finally:
+                    slot.done.set()
+
+            worker = self._workers.start(make_call, f"nvml-{function}")
+            if not slot.done.wait(timeout):
+                worker.abandon()
+                with self._lock:
+                    self._hung[key] = slot
+                self._record(gpu, function, "timeout")
+                raise NvmlTimeout(function, gpu, timeout)
         if slot.error is not None:
             error = self._translate(function, gpu, slot.error)
             if isinstance(error, NvmlGpuLost):
@@ -547,6 +653,72 @@ class PynvmlClient:
             raise error
         self._record(gpu, function, "")
         return slot.value  # type: ignore[no-any-return]
+
+    # -- sweeps: one worker for a check's pass over the GPUs
+
+    def sweep(self, plan: Sweep[R]) -> R:
+        """Run `plan` on one worker: its calls run there one after another, each publishing
+        itself with its deadline; this thread waits for the end of the sweep, waking only
+        when the call in progress reaches its deadline. A call that overran is handled as
+        `_run` handles it (NvmlTimeout reading, remembered as hung, streak counted) and the
+        rest of the plan goes on on a new worker. A sweep inside a sweep runs in place."""
+        if getattr(self._local, "on", None) is not None:
+            return run_sweep(plan)
+        run = _SweepRun(plan)
+        worker = self._workers.start(partial(self._drive, run, 0, _FIRST), "nvml-sweep")
+        while True:
+            with run.lock:
+                if run.done.is_set():
+                    break
+                current = run.current
+                overran: _Call | None = None
+                wait = self.call_timeout
+                if current is not None and not current.ended:
+                    wait = current.deadline - time.monotonic()
+                    if wait <= 0:
+                        overran, run.lane, run.current = current, run.lane + 1, None
+                lane = run.lane
+            if overran is None:
+                run.done.wait(max(wait, 0.001))
+                continue
+            worker = self._take_over(run, lane, overran, worker)
+        if run.error is not None:
+            raise run.error
+        return run.result  # type: ignore[no-any-return]
+
+    def _take_over(self, run: _SweepRun, lane: int, overran: _Call, worker: Worker) -> Worker:
+        """Leave the worker to its hung call; the plan goes on on a new worker."""
+        worker.abandon()
+        function, gpu = overran.function, overran.gpu
+        with self._lock:
+            self._hung[(function, gpu)] = overran
+        self._record(gpu, function, "timeout")
+        error = NvmlTimeout(function, gpu, overran.timeout)
+        timed_out: Reading[Any] = Reading(None, problem_of(error), str(error))
+        return self._workers.start(partial(self._drive, run, lane, timed_out), "nvml-sweep")
+
+    def _drive(self, run: _SweepRun, lane: int, send: Any) -> None:
+        """A sweep's worker: advance the plan (sending `send`, the reading of the call the
+        previous worker was abandoned in) until it ends or this worker is abandoned."""
+        self._local.on = (run, lane)
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            call = next(run.plan) if send is _FIRST else run.plan.send(send)
+            while True:
+                call = run.plan.send(measure(call))
+        except StopIteration as stop:
+            result = stop.value
+        except _Abandoned:
+            return
+        except BaseException as exc:  # a bug in the plan or a call: the caller raises it
+            error = exc
+        finally:
+            self._local.on = None
+        with run.lock:
+            if run.lane == lane:
+                run.result, run.error = result, error
+                run.done.set()
 
     def _device(self, function: str, index: int, call: Callable[[ModuleType, Any], T]) -> T:
         """Look the handle up and make the call in one worker thread, under one deadline."""

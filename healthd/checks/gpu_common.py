@@ -13,7 +13,7 @@ hardware verdict: `gpu_count` turns repeated timeouts and lost GPUs into
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
@@ -26,7 +26,7 @@ from healthd.checks.base import (
     Status,
     remediation_for,
 )
-from healthd.nvml_client import GpuInfo, NvmlClient, Problem, Reading, measure
+from healthd.nvml_client import GpuInfo, NvmlClient, Problem, Reading
 from healthd.xid import XidBuffer
 
 T = TypeVar("T")
@@ -104,16 +104,36 @@ class GpuSamples(Generic[T]):
     samples: tuple[GpuSample[T], ...] = ()
 
 
+# One GPU's part of a sweep: yields client calls, is sent their readings, returns the GPU's.
+GpuSteps = Generator[Callable[[], Any], Reading[Any], Reading[T]]
+
+
+def sweep_gpus(client: NvmlClient, steps: Callable[[int], GpuSteps[T]]) -> GpuSamples[T]:
+    """`steps(index)` for every GPU NVML lists, with each GPU's identity (cached), as one
+    `client.sweep()`: the count and every GPU's calls on one worker thread."""
+
+    def plan() -> Generator[Callable[[], Any], Reading[Any], GpuSamples[T]]:
+        count: Reading[int] = yield client.device_count
+        if count.value is None:
+            return GpuSamples(count)
+        samples = []
+        for index in range(count.value):
+            info = yield partial(client.gpu_info, index)
+            reading = yield from steps(index)
+            samples.append(GpuSample(index, info.value, reading))
+        return GpuSamples(count, tuple(samples))
+
+    return client.sweep(plan())
+
+
 def sample_gpus(client: NvmlClient, read: Callable[[int], T]) -> GpuSamples[T]:
-    """`read(index)` for every GPU NVML lists, with each GPU's identity (cached)."""
-    count = measure(client.device_count)
-    if count.value is None:
-        return GpuSamples(count)
-    samples = []
-    for index in range(count.value):
-        info = measure(partial(client.gpu_info, index)).value
-        samples.append(GpuSample(index, info, measure(partial(read, index))))
-    return GpuSamples(count, tuple(samples))
+    """`read(index)` (one NVML call) for every GPU NVML lists, with each GPU's identity."""
+
+    def steps(index: int) -> GpuSteps[T]:
+        reading: Reading[T] = yield partial(read, index)
+        return reading
+
+    return sweep_gpus(client, steps)
 
 
 # --- results ----------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from healthd.checks.gpu_common import (
     gpu_ok,
     problem_result,
 )
-from healthd.nvml_client import CallHealth, GpuInfo, Problem, Reading, measure, pci_key
+from healthd.nvml_client import CallHealth, GpuInfo, Problem, Reading, Sweep, pci_key
 
 NAME = "gpu_count"
 
@@ -103,14 +103,18 @@ class GpuCountCheck(Check[GpuCountObservation, GpuCountConfig]):
 
     def gather(self, ctx: CheckContext, cfg: GpuCountConfig) -> GpuCountObservation:
         client = gpu_context(ctx).client
-        count = measure(client.device_count)
-        gpus = []
-        for index in range(count.value or 0):
-            info = measure(partial(client.gpu_info, index, refresh=True))
-            gpus.append(
-                GpuIdentity(index, info, None if info.ok else client.cached_gpu_info(index))
-            )
-        return GpuCountObservation(count, tuple(gpus), client.call_health())
+
+        def plan() -> Sweep[tuple[Reading[int], tuple[GpuIdentity, ...]]]:
+            count: Reading[int] = yield client.device_count
+            gpus = []
+            for index in range(count.value or 0):
+                info: Reading[GpuInfo] = yield partial(client.gpu_info, index, refresh=True)
+                cached = None if info.ok else client.cached_gpu_info(index)
+                gpus.append(GpuIdentity(index, info, cached))
+            return count, tuple(gpus)
+
+        count, gpus = client.sweep(plan())
+        return GpuCountObservation(count, gpus, client.call_health())
 
     @staticmethod
     def evaluate(observation: GpuCountObservation, cfg: GpuCountConfig) -> list[Result]:

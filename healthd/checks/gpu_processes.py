@@ -6,6 +6,7 @@ one this check is NOT_APPLICABLE."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from healthd.checks.base import (
     Check,
@@ -21,14 +22,15 @@ from healthd.checks.base import (
 from healthd.checks.gpu_common import (
     GpuSample,
     GpuSamples,
+    GpuSteps,
     JobState,
     evaluate_each,
     gpu_context,
     gpu_fault,
     gpu_not_applicable,
-    sample_gpus,
+    sweep_gpus,
 )
-from healthd.nvml_client import GpuProcess, MemoryUsage, NvmlClient, NvmlError, Reading
+from healthd.nvml_client import GpuProcess, MemoryUsage, NvmlClient, Reading
 
 NAME = "gpu_processes"
 _NO_COUNT: Reading[int] = Reading(0)
@@ -57,13 +59,13 @@ class GpuProcessesObservation:
     samples: GpuSamples[GpuUsage]
 
 
-def _usage(client: NvmlClient, index: int) -> GpuUsage:
-    processes = client.processes(index)
-    try:
-        memory: MemoryUsage | None = client.memory(index)
-    except NvmlError:  # the processes are the main fact; memory is a second opinion
-        memory = None
-    return GpuUsage(processes, memory)
+def _usage(client: NvmlClient, index: int) -> GpuSteps[GpuUsage]:
+    processes: Reading[tuple[GpuProcess, ...]] = yield partial(client.processes, index)
+    if processes.value is None:
+        return Reading(None, processes.problem, processes.detail)
+    # the processes are the main fact; memory is a second opinion (None when unreadable)
+    memory: Reading[MemoryUsage] = yield partial(client.memory, index)
+    return Reading(GpuUsage(processes.value, memory.value))
 
 
 @register(
@@ -91,7 +93,7 @@ class GpuProcessesCheck(Check[GpuProcessesObservation, GpuProcessesConfig]):
         if jobs is None or jobs.running is None:
             return GpuProcessesObservation(jobs, GpuSamples(count=_NO_COUNT))
         client = gpu.client
-        return GpuProcessesObservation(jobs, sample_gpus(client, lambda i: _usage(client, i)))
+        return GpuProcessesObservation(jobs, sweep_gpus(client, partial(_usage, client)))
 
     @staticmethod
     def evaluate(observation: GpuProcessesObservation, cfg: GpuProcessesConfig) -> list[Result]:

@@ -31,15 +31,16 @@ from healthd.checks.base import (
 from healthd.checks.gpu_common import (
     GpuSample,
     GpuSamples,
+    GpuSteps,
     count_problem,
     gpu_context,
     gpu_fault,
     gpu_ok,
     no_gpus,
     problem_result,
-    sample_gpus,
+    sweep_gpus,
 )
-from healthd.nvml_client import Problem, Reading, TrendCounters, measure
+from healthd.nvml_client import Problem, Reading, Thermal, TrendCounters
 from healthd.trends import (
     COUNTERS,
     GAUGES,
@@ -154,7 +155,17 @@ class TrendsCheck(Check[TrendsObservation, TrendsConfig]):
             )
             return TrendsObservation(GpuSamples(missing), now)
         source: TrendSource = client
-        raw = sample_gpus(client, source.trend_counters)
+
+        def steps(index: int) -> GpuSteps[tuple[TrendCounters, Thermal | None]]:
+            counters: Reading[TrendCounters] = yield partial(source.trend_counters, index)
+            if counters.value is None:
+                return Reading(None, counters.problem, counters.detail)
+            # The temperature through the thermal check's own call: a hung temperature
+            # read (remembered by the client) costs the other counters nothing.
+            thermal: Reading[Thermal] = yield partial(client.thermal, index)
+            return Reading((counters.value, thermal.value))
+
+        raw = sweep_gpus(client, steps)
         path = ctx.state_dir / STATE_FILE if ctx.state_dir is not None else None
         book = self._book = book_for(self._book, path, cfg.keep)
         horizon = max(cfg.window, cfg.min_span)
@@ -170,11 +181,9 @@ class TrendsCheck(Check[TrendsObservation, TrendsConfig]):
                 )
                 continue
             series: dict[str, tuple[Point, ...]] = {}
-            # The temperature through the thermal check's own call: a hung temperature
-            # read (remembered by the client) costs the other counters nothing.
-            thermal = measure(partial(client.thermal, s.index)).value
+            counters, thermal = s.reading.value
             values: dict[str, int | None] = {
-                **s.reading.value.values(),
+                **counters.values(),
                 "temperature_c": thermal.temperature_c if thermal is not None else None,
             }
             for counter, value in values.items():
