@@ -22,7 +22,15 @@ from hypothesis import strategies as st
 
 from cli.lab.nvml.build import build_library
 from cli.lab.scenario import default_scenario, inject, write_scenario
-from healthd.checks.gpu_common import GpuSamples, sample_gpus
+from healthd.checks.base import CheckContext
+from healthd.checks.gpu_common import (
+    GpuContext,
+    GpuSamples,
+    JobState,
+    StaticJobState,
+    sample_gpus,
+)
+from healthd.checks.gpu_processes import GpuProcessesCheck, GpuProcessesConfig
 from healthd.nvml_client import (
     CallHealth,
     Problem,
@@ -365,3 +373,49 @@ def test_a_forever_hang_through_pynvml_is_swept_around_and_recovers(
     write_scenario(path, default_scenario("sweep-test", 8))
     poll("GPU 3 to answer again", lambda: all(s.reading.ok for s in thermals(client).samples))
     assert client.call_health()[3] == CallHealth()
+
+
+class _Process:
+    def __init__(self, pid: int) -> None:
+        self.pid, self.usedGpuMemory = pid, 512 << 20
+
+
+class FakeNvmlWithProcesses(FakeNvml):
+    """Processes and memory too: GPU 1's memory read hangs, GPU 2's processes are lost."""
+
+    nvmlMemory_v2 = 2
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[_Process]:
+        if handle == 2:
+            raise NVMLError(15)
+        return [_Process(100 + handle)]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: int = 1) -> Any:
+        if handle == 1:
+            assert self.release.setdefault(handle, threading.Event()).wait(30)
+
+        class Memory:
+            total, used = 80 << 30, 1 << 30
+
+        return Memory()
+
+
+def test_gpu_processes_keeps_the_processes_when_only_the_memory_read_hangs(
+    tmp_path: Path,
+) -> None:
+    """The check's sweep yields processes, then memory: a timeout ends the memory read only,
+    as when `_usage` caught the memory call's NvmlError."""
+    nv = FakeNvmlWithProcesses(3)
+    client = client_for(nv, timeout=0.1)
+    jobs = StaticJobState(JobState(running=False, idle_seconds=600))
+    ctx = CheckContext.for_root(tmp_path, nvml=GpuContext(client, jobs=jobs))
+    try:
+        observation = GpuProcessesCheck().gather(ctx, GpuProcessesConfig())
+    finally:
+        nv.release[1].set()
+    usage = [s.reading.value for s in observation.samples.samples]
+    assert usage[0] is not None and usage[0].memory is not None
+    assert usage[1] is not None and usage[1].memory is None
+    assert [p.pid for p in usage[1].processes] == [101]
+    assert observation.samples.samples[2].reading.problem is Problem.GPU_LOST
+    assert client.call_health()[1].last_function == "nvmlDeviceGetMemoryInfo"
