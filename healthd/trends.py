@@ -22,10 +22,12 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 log = logging.getLogger("medic.healthd.trends")
 
@@ -90,7 +92,17 @@ def stats(
     points: Sequence[Point], now: float, window: float, *, gauge: bool = False
 ) -> TrendStats | None:
     """The trend of the points inside [now - window, now] since the counter's last restart;
-    None with fewer than two."""
+    None with fewer than two. A `Series` (what a `SeriesBook` hands out) is judged from its
+    running sums in a few bisections, with exactly the result of the plain computation."""
+    if isinstance(points, Series):
+        return points.stats(now, window, gauge=gauge)
+    return _stats_of_points(points, now, window, gauge=gauge)
+
+
+def _stats_of_points(
+    points: Sequence[Point], now: float, window: float, *, gauge: bool
+) -> TrendStats | None:
+    """`stats` point by point: any points (unsorted, repeated times, NaN, fractions)."""
     pts = sorted(in_window(points, now, window))
     restarts = 0 if gauge else sum(1 for (_, v0), (_, v1) in itertools.pairwise(pts) if v1 < v0)
     if restarts:
@@ -104,10 +116,16 @@ def stats(
     mid = pts[0][0] + span / 2
     older = sum(inc * _share_before(a, b, mid) for a, b, inc in steps)
     recent = increase - older
+    return _trend(len(pts), span, increase, older, recent, restarts)
+
+
+def _trend(
+    points: int, span: float, increase: float, older: float, recent: float, restarts: int
+) -> TrendStats:
     half_h = span / 2 / SECONDS_PER_HOUR
     older_rate, recent_rate = older / half_h, recent / half_h
     return TrendStats(
-        points=len(pts),
+        points=points,
         span_s=span,
         increase=increase,
         rate=increase / (span / SECONDS_PER_HOUR),
@@ -116,6 +134,164 @@ def stats(
         acceleration=(recent_rate - older_rate) / half_h,
         restarts=restarts,
     )
+
+
+# --- a series with running sums ------------------------------------------------------------
+
+_EXACT = 2.0**52  # |value| below this: an integer, its steps and their sums are exact floats
+_time = itemgetter(0)
+
+
+def _json_number(x: float) -> str:
+    """A float as json.dumps writes it (repr; NaN and the infinities as Python's json)."""
+    if x != x:
+        return "NaN"
+    if x in (math.inf, -math.inf):
+        return "Infinity" if x > 0 else "-Infinity"
+    return float.__repr__(x)
+
+
+def _point_json(t: float, v: float) -> str:
+    return f"[{_json_number(t)},{_json_number(v)}]"
+
+
+def _exact(v: float) -> bool:
+    return -_EXACT < v < _EXACT and v == int(v)
+
+
+def _counter_step(v0: float, v1: float) -> int:
+    """`increments` of one counter step, as an integer (both values exact integers)."""
+    return int(v1) - int(v0) if v1 >= v0 else max(int(v1), 0)
+
+
+class Series(Sequence[Point]):
+    """An immutable series (a Sequence of its points, oldest first) with what `stats` needs
+    to judge any window of it without a pass over its points: the running sum of the
+    counter's increments (integers: exactly the floating-point sums of the plain
+    computation, which are exact below 2**53), the times of its restarts, and each point
+    as JSON for the book's file. `exact` is False when a point is not an integer below
+    2**52 or the times do not strictly increase (a hand-edited file): `stats` then
+    computes point by point."""
+
+    __slots__ = ("cum", "encoded", "exact", "points", "restarts")
+
+    def __init__(
+        self,
+        points: tuple[Point, ...],
+        cum: tuple[int, ...],
+        restarts: tuple[float, ...],
+        encoded: tuple[str, ...],
+        exact: bool,
+    ) -> None:
+        self.points = points
+        self.cum = cum  # cum[i]: the counter's increments from points[0] to points[i]
+        self.restarts = restarts  # the time of each point lower than the one before
+        self.encoded = encoded
+        self.exact = exact
+
+    @classmethod
+    def of(cls, points: Iterable[Point]) -> Series:
+        pts = tuple(points)
+        encoded = tuple(_point_json(t, v) for t, v in pts)
+        exact = all(math.isfinite(t) and _exact(v) for t, v in pts) and all(
+            t0 < t1 for (t0, _), (t1, _) in itertools.pairwise(pts)
+        )
+        if not exact:
+            return cls(pts, (), (), encoded, False)
+        steps = (_counter_step(v0, v1) for (_, v0), (_, v1) in itertools.pairwise(pts))
+        cum = tuple(itertools.accumulate(steps, initial=0)) if pts else ()
+        restarts = tuple(t1 for (_, v0), (t1, v1) in itertools.pairwise(pts) if v1 < v0)
+        return cls(pts, tuple(cum), restarts, encoded, True)
+
+    def then(self, t: float, value: float, cut: float, keep: int) -> Series:
+        """This series with (t, value) appended (t after the last point), then the points
+        older than `cut` and those beyond the newest `keep` dropped."""
+        pts = self.points
+        drop, n = 0, len(pts) + 1
+        while drop < n - 1 and (pts[drop][0] < cut or n - drop > keep):
+            drop += 1
+        if drop == n - 1 and (t < cut or keep < 1):
+            return Series.of(())
+        if not (self.exact and math.isfinite(t) and _exact(value) and (not pts or t > pts[-1][0])):
+            return Series.of((*pts[drop:], (t, value)))
+        if pts:
+            cum = (*self.cum[drop:], self.cum[-1] + _counter_step(pts[-1][1], value))
+            restarts = (*self.restarts, t) if value < pts[-1][1] else self.restarts
+        else:
+            cum, restarts = (0,), ()
+        points = (*pts[drop:], (t, value))
+        if drop and restarts and restarts[0] <= points[0][0]:
+            first = points[0][0]
+            restarts = tuple(r for r in restarts if r > first)
+        encoded = (*self.encoded[drop:], _point_json(t, value))
+        return Series(points, cum, restarts, encoded, True)
+
+    def stats(self, now: float, window: float, *, gauge: bool = False) -> TrendStats | None:
+        """`stats` of this series from its running sums; point by point when they cannot
+        give the exact result (a point not an exact integer, a bound not finite)."""
+        if not self.exact or not (math.isfinite(now) and math.isfinite(window)):
+            return _stats_of_points(self.points, now, window, gauge=gauge)
+        pts = self.points
+        lo = bisect_left(pts, now - window, key=_time)
+        hi = bisect_right(pts, now, lo=lo, key=_time)
+        if hi - lo < 2:
+            return None
+        first, restarts, last = lo, 0, pts[hi - 1]
+        if not gauge and self.restarts:
+            a = bisect_right(self.restarts, pts[lo][0])
+            b = bisect_right(self.restarts, last[0], lo=a)
+            restarts = b - a
+            if restarts:
+                first = bisect_left(pts, self.restarts[b - 1], lo=lo, hi=hi, key=_time) - 1
+        start = pts[first]
+        span = last[0] - start[0]
+        mid = start[0] + span / 2
+        m = bisect_right(pts, mid, lo=first, hi=hi, key=_time)  # pts[first:m]: up to mid
+        if gauge:
+            increase = last[1] - start[1]
+            older = pts[m - 1][1] - start[1]
+            step = pts[m][1] - pts[m - 1][1]
+        else:
+            # Since the last restart the steps only rise: every partial sum lies between 0
+            # and the total, below 2**53 (values are under 2**52): exact as floats, so the
+            # integer sums are the plain computation's float sums.
+            cum = self.cum
+            increase = float(cum[hi - 1] - cum[first])
+            older = float(cum[m - 1] - cum[first])
+            step = float(cum[m] - cum[m - 1])
+        before = pts[m - 1][0]
+        if before < mid:  # the step across the middle: its share before it
+            older = older + step * ((mid - before) / (pts[m][0] - before))
+        return _trend(hi - first, span, increase, older, increase - older, restarts)
+
+    # -- Sequence[Point]
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    @overload
+    def __getitem__(self, index: int) -> Point: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Point, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Point | tuple[Point, ...]:
+        return self.points[index]
+
+    def __iter__(self) -> Iterator[Point]:
+        return iter(self.points)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Series):
+            return self.points == other.points
+        if isinstance(other, (tuple, list)):
+            return self.points == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Series({self.points!r})"
 
 
 @dataclass(frozen=True)
@@ -175,7 +351,7 @@ class SeriesBook:
     def __init__(self, path: Path | None = None, *, keep: int = 120) -> None:
         self.path = path
         self.keep = keep
-        self.series: dict[str, list[Point]] = {}
+        self.series: dict[str, Series] = {}
         self.loaded = path is None
         self._saved_at: float | None = None
 
@@ -193,7 +369,7 @@ class SeriesBook:
             if not isinstance(series, dict):
                 raise ValueError("no 'series' object")
             self.series = {
-                str(k): [(float(t), float(v)) for t, v in pts][-self.keep :]
+                str(k): Series.of([(float(t), float(v)) for t, v in pts][-self.keep :])
                 for k, pts in series.items()
             }
         except (OSError, ValueError, TypeError) as exc:
@@ -204,14 +380,15 @@ class SeriesBook:
             )
             self.series = {}
 
-    def add(self, key: str, t: float, value: float, horizon: float) -> None:
-        pts = self.series.setdefault(key, [])
+    def add(self, key: str, t: float, value: float, horizon: float) -> Series:
+        """Append (t, value) to the series of `key`, drop its points older than `horizon`
+        seconds before t and beyond the newest `keep`; the series as it is now."""
+        pts = self.series.get(key) or _EMPTY
         if pts and t <= pts[-1][0]:
-            return  # a clock that stepped back: keep the series monotonic in time
-        pts.append((t, value))
-        cut = t - horizon
-        while pts and (pts[0][0] < cut or len(pts) > self.keep):
-            pts.pop(0)
+            self.series[key] = pts
+            return pts  # a clock that stepped back: keep the series monotonic in time
+        pts = self.series[key] = pts.then(t, value, t - horizon, self.keep)
+        return pts
 
     def forget_except(self, keys: Iterable[str], now: float, horizon: float) -> None:
         """Drop series not sampled within `horizon` (a GPU replaced: its UUID is gone)."""
@@ -223,6 +400,10 @@ class SeriesBook:
 
     def get(self, key: str) -> list[Point]:
         return list(self.series.get(key, ()))
+
+    def view(self, key: str) -> Series:
+        """The series of `key` as it is now (immutable: later adds make new ones)."""
+        return self.series.get(key) or _EMPTY
 
     def save_due(self, now: float) -> None:
         """save() at most once per SAVE_EVERY seconds of sample time `now`: a check run more
@@ -236,17 +417,28 @@ class SeriesBook:
     def save(self) -> None:
         if self.path is None:
             return
-        body = {"version": self.VERSION, "series": self.series}
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "w", encoding="utf-8") as out:
-                json.dump(body, out, separators=(",", ":"))
+                out.write(self.dumps())
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, self.path)
         except OSError as exc:
             log.warning("%s: trend series not saved: %s", self.path, exc)
+
+    def dumps(self) -> str:
+        """The file's text: what json.dumps(..., separators=(",", ":")) writes for
+        {"version": 1, "series": {key: points}}, from each point's JSON kept since it was
+        added (a save encodes no number again)."""
+        body = ",".join(
+            f"{json.dumps(key)}:[{','.join(pts.encoded)}]" for key, pts in self.series.items()
+        )
+        return f'{{"version":{self.VERSION},"series":{{{body}}}}}'
+
+
+_EMPTY = Series.of(())
 
 
 def book_for(book: SeriesBook | None, path: Path | None, keep: int) -> SeriesBook:

@@ -11,7 +11,7 @@ memory, and in `<state_dir>/trends.json` so a restart keeps them); evaluate is p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -109,9 +109,10 @@ class TrendSource(Protocol):
 
 @dataclass(frozen=True)
 class GpuSeries:
-    """One GPU's series inside the window, by counter (only counters it supports)."""
+    """One GPU's series inside the window, by counter (only counters it supports): the
+    book's immutable `Series` (stats from running sums), or plain points."""
 
-    series: Mapping[str, tuple[Point, ...]]
+    series: Mapping[str, Sequence[Point]]
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ class TrendsCheck(Check[TrendsObservation, TrendsConfig]):
                     )
                 )
                 continue
-            series: dict[str, tuple[Point, ...]] = {}
+            series: dict[str, Sequence[Point]] = {}
             counters, thermal = s.reading.value
             values: dict[str, int | None] = {
                 **counters.values(),
@@ -189,9 +190,7 @@ class TrendsCheck(Check[TrendsObservation, TrendsConfig]):
             for counter, value in values.items():
                 if value is None:
                     continue
-                key = series_key(s, counter)
-                book.add(key, now, float(value), horizon)
-                series[counter] = tuple(book.get(key))
+                series[counter] = book.add(series_key(s, counter), now, float(value), horizon)
             samples.append(GpuSample(s.index, s.info, Reading(GpuSeries(series))))
         sampled = [series_key(s, c) for s in raw.samples for c in COUNTERS]
         book.forget_except(sampled, now, horizon)

@@ -13,7 +13,7 @@ memory and in `<state_dir>/host_trends.json`.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,7 +95,7 @@ class HostTrendsConfig(CheckConfig):
 @dataclass(frozen=True)
 class HostTrendsObservation:
     # target ("edac", "mlx5_0/1") -> counter -> the points kept
-    series: Mapping[str, Mapping[str, tuple[Point, ...]]]
+    series: Mapping[str, Mapping[str, Sequence[Point]]]
     now: float
     unreadable: Mapping[str, str] = field(default_factory=dict)  # file -> why
 
@@ -164,12 +164,11 @@ class HostTrendsCheck(Check[HostTrendsObservation, HostTrendsConfig]):
         book = self._book = book_for(self._book, path, cfg.keep)
         horizon = max(cfg.window, cfg.min_span)
         counters, problems = read_counters(ctx)
-        series: dict[str, dict[str, tuple[Point, ...]]] = {}
+        series: dict[str, dict[str, Sequence[Point]]] = {}
         for target, values in counters.items():
             for counter, value in values.items():
-                key = f"{target}/{counter}"
-                book.add(key, now, float(value), horizon)
-                series.setdefault(target, {})[counter] = tuple(book.get(key))
+                points = book.add(f"{target}/{counter}", now, float(value), horizon)
+                series.setdefault(target, {})[counter] = points
         book.forget_except(
             [f"{t}/{c}" for t, values in counters.items() for c in values], now, horizon
         )
@@ -195,7 +194,7 @@ class HostTrendsCheck(Check[HostTrendsObservation, HostTrendsConfig]):
 
 def _judge(
     target: str,
-    series: Mapping[str, tuple[Point, ...]],
+    series: Mapping[str, Sequence[Point]],
     now: float,
     cfg: HostTrendsConfig,
     limits: Limits,
