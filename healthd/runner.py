@@ -1,18 +1,24 @@
-"""Runs checks, each on its own thread (healthd.workers: reused across runs) with its own
-timeout.
+"""Runs checks off the caller's thread, each with its own timeout counted from its own start.
+
+A run's checks go through a few lanes (`parallel`; one per check when None): a lane is one
+worker thread (healthd.workers: reused across runs) that runs checks one after another until
+none is left. The caller's thread sleeps meanwhile, woken when a lane runs out of checks or at
+the deadline of a check in progress, not once per check: with every check at 10 s a round's
+hand-offs were a measurable share of the daemon's CPU (issue 15).
 
 A check that raises or overruns yields UNKNOWN (never a hardware verdict) with the reason
 in the evidence. An overrunning check keeps its thread (Python cannot kill a thread, and a
-thread stuck in a hung filesystem cannot be interrupted anyway); the runner remembers it
-and, until it returns, reports it UNKNOWN "still hung since ..." instead of starting a second
-copy, so one hang costs one thread, not one per interval.
+thread stuck in a hung filesystem cannot be interrupted anyway) and the checks queued behind
+it in its lane go on in a new one; the runner remembers it and, until it returns, reports it
+UNKNOWN "still hung since ..." instead of starting a second copy, so one hang costs one
+thread, not one per interval.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
-import queue
+import math
 import threading
 import time
 import traceback
@@ -84,6 +90,35 @@ class _Slot:
     error: BaseException | None = None
     phase: str = "gather"
     seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Current:
+    """The check a lane runs now."""
+
+    name: str
+    slot: _Slot
+    started: float
+    deadline: float
+    timeout: float
+
+
+@dataclass(eq=False)
+class _Lane:
+    worker: Worker = field(init=False)
+    current: _Current | None = None
+
+
+@dataclass(eq=False)
+class _Run:
+    """One run's checks and lanes, under `cond`."""
+
+    to_start: deque[tuple[str, CheckConfig, float]]
+    end: float | None  # the budget's end (monotonic), if any
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    lanes: list[_Lane] = field(default_factory=list)  # running, not abandoned
+    answered: dict[str, _Slot] = field(default_factory=dict)
+    wake_at: float = math.inf  # when the runner's thread, asleep, wakes by itself
 
 
 @dataclass
@@ -242,58 +277,100 @@ class Runner:
             to_start.append((name, cfg, timeout))
 
         # Each check's deadline counts from its own start; a budget ends them all at once.
-        end = None if budget is None else start + budget
-        finished: queue.SimpleQueue[str] = queue.SimpleQueue()
-        running: dict[str, tuple[Worker, _Slot, float, float, float]] = {}
+        run = _Run(to_start, None if budget is None else start + budget)
         at_once = len(to_start) if parallel is None else max(1, parallel)
-        while to_start or running:
-            while to_start and len(running) < at_once:
-                name, cfg, timeout = to_start.popleft()
-                started = time.monotonic()
-                deadline = started + timeout if end is None else min(started + timeout, end)
-                slot = _Slot()
-                worker = self._workers.start(
-                    functools.partial(self._work, instances[name], cfg, slot, finished, name),
-                    f"check-{name}",
-                )
-                running[name] = (worker, slot, started, deadline, timeout)
-            first_deadline = min(deadline for _, _, _, deadline, _ in running.values())
-            try:
-                done = finished.get(timeout=max(0.0, first_deadline - time.monotonic()))
-            except queue.Empty:
-                done = None
-            if done is not None and done in running:
-                outcomes[done] = self._collect(done, running.pop(done)[1])
-            now = time.monotonic()
-            for name, (worker, slot, started, deadline, timeout) in list(running.items()):
-                if deadline > now or slot.done.is_set():
-                    continue  # a slot done at its deadline is collected from `finished`
-                del running[name]
-                worker.abandon()
-                with self._hung_lock:
-                    self._hung[name] = _Hung(worker, self.ctx.clock.now(), started)
-                result = _unknown(
-                    name,
-                    "check.timeout",
-                    f"{name}: no answer within {timeout:g}s ({slot.phase})",
-                    timeout_seconds=timeout,
-                    phase=slot.phase,
-                )
-                outcomes[name] = CheckOutcome(name, RunState.TIMEOUT, (result,), timeout)
+        with run.cond:
+            for _ in range(min(at_once, len(to_start))):
+                self._start_lane(run, instances)
+            while run.lanes:
+                now = time.monotonic()
+                for lane in list(run.lanes):
+                    current = lane.current
+                    if current is None or current.deadline > now or current.slot.done.is_set():
+                        continue  # a check done at its deadline: its lane records it
+                    run.lanes.remove(lane)
+                    lane.worker.abandon()  # it exits once the check returns, if ever
+                    with self._hung_lock:
+                        self._hung[current.name] = _Hung(
+                            lane.worker, self.ctx.clock.now(), current.started
+                        )
+                    result = _unknown(
+                        current.name,
+                        "check.timeout",
+                        f"{current.name}: no answer within {current.timeout:g}s "
+                        f"({current.slot.phase})",
+                        timeout_seconds=current.timeout,
+                        phase=current.slot.phase,
+                    )
+                    outcomes[current.name] = CheckOutcome(
+                        current.name, RunState.TIMEOUT, (result,), current.timeout
+                    )
+                    if run.to_start:  # the rest go on in a lane of their own
+                        self._start_lane(run, instances)
+                if not run.lanes:
+                    break
+                pending = [
+                    lane.current.deadline
+                    for lane in run.lanes
+                    if lane.current is not None and not lane.current.slot.done.is_set()
+                ]
+                run.wake_at = min(pending, default=math.inf)
+                run.cond.wait(None if not pending else max(0.0, run.wake_at - now))
+                run.wake_at = math.inf
+        for name, slot in run.answered.items():
+            outcomes[name] = self._collect(name, slot)
         return RunReport(
             started=started_wall,
             seconds=time.monotonic() - start,
             outcomes=tuple(outcomes[n] for n in names),
         )
 
-    def _work(
-        self,
-        check: Check[Any, Any],
-        cfg: CheckConfig,
-        slot: _Slot,
-        finished: queue.SimpleQueue[str],
-        name: str,
-    ) -> None:
+    def _start_lane(self, run: _Run, instances: Mapping[str, Check[Any, Any]]) -> None:
+        """One more lane (under run.cond): a worker that runs the run's checks one after
+        another until none is left."""
+        lane = _Lane()
+        run.lanes.append(lane)
+        lane.worker = self._workers.start(
+            functools.partial(self._lane, run, lane, instances), "check-lane"
+        )
+
+    def _lane(self, run: _Run, lane: _Lane, instances: Mapping[str, Check[Any, Any]]) -> None:
+        """A lane's worker. The runner's thread sleeps meanwhile: it is woken when the lane
+        has no check left, or when a check starts whose deadline comes before the one it
+        sleeps until; a check that overruns is left to its thread there and then."""
+        try:
+            self._run_lane(run, lane, instances)
+        finally:  # whatever happens, the runner's thread is not left waiting for this lane
+            with run.cond:
+                if lane in run.lanes and lane.current is None:
+                    run.lanes.remove(lane)
+                    run.cond.notify()
+
+    def _run_lane(self, run: _Run, lane: _Lane, instances: Mapping[str, Check[Any, Any]]) -> None:
+        while True:
+            with run.cond:
+                if lane not in run.lanes:
+                    return  # abandoned: its check overran and was reported as such
+                if not run.to_start:
+                    return  # (the lane leaves the run in _lane)
+                name, cfg, timeout = run.to_start.popleft()
+                started = time.monotonic()
+                deadline = started + timeout if run.end is None else min(started + timeout, run.end)
+                current = _Current(name, _Slot(), started, deadline, timeout)
+                lane.current = current
+                if deadline < run.wake_at:
+                    run.cond.notify()
+            lane.worker.thread.name = f"check-{name}"  # py-spy and faulthandler name it
+            self._work(instances[name], cfg, current.slot)
+            with run.cond:
+                if lane not in run.lanes:
+                    return  # it answered, but after the runner had given up on it
+                run.answered[name] = current.slot
+                lane.current = None
+                if deadline <= time.monotonic():  # the runner may be awake for it
+                    run.cond.notify()
+
+    def _work(self, check: Check[Any, Any], cfg: CheckConfig, slot: _Slot) -> None:
         begin = time.monotonic()
         try:
             observation = check.gather(self.ctx, cfg)
@@ -304,7 +381,6 @@ class Runner:
         finally:
             slot.seconds = time.monotonic() - begin
             slot.done.set()
-            finished.put(name)
 
     def _collect(self, name: str, slot: _Slot) -> CheckOutcome:
         if slot.error is not None:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from healthd.checks.base import (
     Check,
@@ -310,3 +312,98 @@ def test_a_long_run_blocks_neither_a_reload_nor_the_hung_list(
     assert not run.is_alive()
     runner.run(["long"])  # the gate stays open: this one returns at once
     assert seen == [100.0, 200.0]
+
+
+def test_a_check_that_starts_with_an_earlier_deadline_than_the_runner_sleeps_to_times_out_on_time(
+    ctx: CheckContext, gate: threading.Event
+) -> None:
+    """A lane wakes the runner's thread when it starts a check whose deadline comes first: a
+    check queued behind a hung one starts at that one's deadline, not at a later one's."""
+    ran_at: list[float] = []
+
+    def after() -> list[Result]:
+        ran_at.append(time.monotonic())
+        return [ok("after", "fine")]
+
+    runner = Runner(
+        ctx,
+        specs=[
+            make_spec(
+                "slow", blocking("slow", gate), timeout=3.0
+            ),  # lane 1: the runner sleeps to 3 s
+            make_spec("quick", healthy("quick"), timeout=5.0),  # lane 2
+            make_spec("stuck", blocking("stuck", gate), timeout=0.2),  # lane 2, due at ~0.2 s
+            make_spec("after", after, timeout=5.0),  # a lane of its own once stuck is left
+        ],
+    )
+    begin = time.monotonic()
+    report = runner.run(parallel=2)
+    states = {o.name: o.state for o in report.outcomes}
+    assert states == {
+        "slow": RunState.TIMEOUT,
+        "quick": RunState.DONE,
+        "stuck": RunState.TIMEOUT,
+        "after": RunState.DONE,
+    }
+    assert ran_at[0] - begin < 2.0  # not at slow's deadline (3 s)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(["ok", "raise", "slow", "hang"]), min_size=1, max_size=7),
+    parallel=st.integers(min_value=1, max_value=3),
+)
+def test_property_every_check_gets_one_outcome_and_lanes_never_exceed_parallel(
+    tmp_path_factory: pytest.TempPathFactory, kinds: list[str], parallel: int
+) -> None:
+    if kinds.count("hang") > 1:  # each hang costs its timeout: one is enough to mix in
+        kinds = [k if k != "hang" else "ok" for k in kinds]
+        kinds[0] = "hang"
+    ctx = CheckContext.for_root(tmp_path_factory.mktemp("root"))
+    release = threading.Event()
+    lock = threading.Lock()
+    running, most = [0], [0]
+
+    def behaviour(name: str, kind: str) -> Behaviour:
+        def run() -> list[Result]:
+            if kind == "hang":
+                release.wait()
+                return [ok(name, "late")]
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            try:
+                if kind == "slow":
+                    time.sleep(0.01)  # the check's own work, so that lanes overlap
+                if kind == "raise":
+                    raise OSError(5, "Input/output error")
+                return [ok(name, "fine")]
+            finally:
+                with lock:
+                    running[0] -= 1
+
+        return run
+
+    names = [f"c{i}" for i in range(len(kinds))]
+    runner = Runner(
+        ctx,
+        specs=[
+            make_spec(n, behaviour(n, k), timeout=0.1 if k == "hang" else 5.0)
+            for n, k in zip(names, kinds, strict=True)
+        ],
+    )
+    try:
+        report = runner.run(parallel=parallel)
+        expected = {"ok": RunState.DONE, "slow": RunState.DONE, "raise": RunState.ERROR}
+        assert [o.name for o in report.outcomes] == names
+        for outcome, kind in zip(report.outcomes, kinds, strict=True):
+            assert outcome.state is expected.get(kind, RunState.TIMEOUT)
+        # The hung check holds one lane until its deadline; the others never run more than
+        # `parallel` at once.
+        assert (
+            most[0] <= parallel - (1 if "hang" in kinds and parallel > 1 else 0)
+            or most[0] <= parallel
+        )
+        assert set(runner.hung()) == {n for n, k in zip(names, kinds, strict=True) if k == "hang"}
+    finally:
+        release.set()
