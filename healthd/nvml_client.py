@@ -495,6 +495,7 @@ class PynvmlClient:
         self._streaks: dict[int, _Streak] = {}
         self._info: dict[int, GpuInfo] = {}
         self._handle_index: dict[int, int] = {}  # device handle address -> index (events)
+        self._link_by_link: set[int] = set()  # GPUs without NVLink error totals as fields
         self._held = ""  # why NVML must stay shut ("": it may open)
 
     # -- lifecycle
@@ -540,6 +541,7 @@ class PynvmlClient:
             if not self._opened:
                 with self._off_sweep(self.init_timeout + self.call_timeout):
                     self._run("nvmlInit", None, nv.nvmlInit, self.init_timeout)
+                self._link_by_link.clear()  # a new driver may give the fields
                 self._opened = True
         return nv
 
@@ -887,6 +889,26 @@ class PynvmlClient:
                 )
                 return sum(len(nv.nvmlDeviceGetRetiredPages(handle, c)) for c in causes)
 
+            def nvlink_totals() -> tuple[int, int] | None:
+                """(CRC flit + data, replay + recovery) over every link from the four
+                total fields, in one call; None when the GPU does not give them all (it
+                never will: its links are then read one by one, every run)."""
+                if index in self._link_by_link:
+                    return None
+                ids = [int(getattr(nv, name)) for name in _NVLINK_TOTALS]
+                try:
+                    fields = nv.nvmlDeviceGetFieldValues(handle, ids)
+                except unsupported:
+                    self._link_by_link.add(index)
+                    return None
+                codes = {int(f.nvmlReturn) for f in fields} - {nv.NVML_SUCCESS}
+                if codes:  # not supported: for good; another error: this run only
+                    if codes == {_NOT_SUPPORTED}:
+                        self._link_by_link.add(index)
+                    return None
+                flit, data, replay, recovery = (_field_int(f) for f in fields)
+                return flit + data, replay + recovery
+
             def nvlink(*counters: int) -> int:
                 total = 0
                 for link in range(int(nv.NVML_NVLINK_MAX_LINKS)):
@@ -908,6 +930,21 @@ class PynvmlClient:
                 return ns // 1_000_000
 
             corrected, volatile = nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC
+            totals: tuple[int | None, int | None] | None = nvlink_totals()
+            if totals is None:  # link by link
+                crc_flit, crc_data = (
+                    nv.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+                    nv.NVML_NVLINK_ERROR_DL_CRC_DATA,
+                )
+                replays, recoveries = (
+                    nv.NVML_NVLINK_ERROR_DL_REPLAY,
+                    nv.NVML_NVLINK_ERROR_DL_RECOVERY,
+                )
+                totals = (
+                    opt(lambda: nvlink(crc_flit, crc_data)),
+                    opt(lambda: nvlink(replays, recoveries)),
+                )
+            crc, replay = totals
             return TrendCounters(
                 ecc_corrected=opt(
                     lambda: nv.nvmlDeviceGetTotalEccErrors(handle, corrected, volatile)
@@ -915,14 +952,8 @@ class PynvmlClient:
                 remapped_rows=opt(lambda: sum(nv.nvmlDeviceGetRemappedRows(handle)[:2])),
                 retired_pages=opt(retired),
                 pcie_replay=opt(lambda: nv.nvmlDeviceGetPcieReplayCounter(handle)),
-                nvlink_crc=opt(
-                    lambda: nvlink(
-                        nv.NVML_NVLINK_ERROR_DL_CRC_FLIT, nv.NVML_NVLINK_ERROR_DL_CRC_DATA
-                    )
-                ),
-                nvlink_replay=opt(
-                    lambda: nvlink(nv.NVML_NVLINK_ERROR_DL_REPLAY, nv.NVML_NVLINK_ERROR_DL_RECOVERY)
-                ),
+                nvlink_crc=crc,
+                nvlink_replay=replay,
                 throttle_ms=opt(throttle_ms),
             )
 
@@ -986,6 +1017,25 @@ class PynvmlClient:
     def event_set_free(self, event_set: Any) -> None:
         with self._direct("nvmlEventSetFree", None) as nv:
             nv.nvmlEventSetFree(event_set)
+
+
+# NVLink error totals over every link, as nvmlDeviceGetFieldValues gives them in one call:
+# CRC flit, CRC data (nvlink_crc), replay, recovery (nvlink_replay).
+_NVLINK_TOTALS = (
+    "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+)
+# nvmlValueType_t -> the member of nvmlValue_t that holds the value
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+def _field_int(field: Any) -> int:
+    """A field value's number, from the union member its valueType names."""
+    kind = int(field.valueType)
+    member = _VALUE_MEMBERS[kind] if 0 <= kind < len(_VALUE_MEMBERS) else "ullVal"
+    return int(getattr(field.value, member))
 
 
 def _text(value: Any) -> str:

@@ -1219,6 +1219,22 @@ EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device
 
 /* ---- field values ------------------------------------------------------------------------ */
 
+/* A field's NVLink error total: what nvmlDeviceGetNvLinkErrorCounter gives summed over the
+ * links (link 0 carries the GPU's count). */
+static unsigned long long nvlink_total(const gpu_state *g, unsigned int fieldId)
+{
+    switch (fieldId) {
+    case NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL:
+        return g->nvlink_err[NVML_NVLINK_ERROR_DL_CRC_FLIT];
+    case NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL:
+        return g->nvlink_err[NVML_NVLINK_ERROR_DL_CRC_DATA];
+    case NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL:
+        return g->nvlink_err[NVML_NVLINK_ERROR_DL_REPLAY];
+    default:
+        return g->nvlink_err[NVML_NVLINK_ERROR_DL_RECOVERY];
+    }
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
                                              nvmlFieldValue_t *values)
 {
@@ -1245,6 +1261,18 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
         case NVML_FI_DEV_REMAPPED_UNC: v->value.ullVal = g.remap_unc; break;
         case NVML_FI_DEV_REMAPPED_PENDING: v->value.ullVal = g.remap_pending; break;
         case NVML_FI_DEV_REMAPPED_FAILURE: v->value.ullVal = g.remap_failure; break;
+        /* NVLink error totals over every link: the scenario's per-GPU counts (link 0's) */
+        case NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL:
+        case NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL:
+        case NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL:
+        case NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL:
+            if (!g.nvlinks) {
+                v->value.ullVal = 0;
+                v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+                break;
+            }
+            v->value.ullVal = nvlink_total(&g, v->fieldId);
+            break;
         default:
             v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
             v->value.ullVal = 0;

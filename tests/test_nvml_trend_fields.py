@@ -1,0 +1,248 @@
+"""`PynvmlClient.trend_counters` reads the NVLink error totals as four field values in one
+call (nvmlDeviceGetFieldValues) instead of four counters on every link (72 calls on an
+H100); a GPU that does not give the fields is read link by link, and remembered as such
+until NVML is initialised again. A fake pynvml counts the calls; the last tests run the real
+pynvml against the NVML injection library."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from cli.lab import scenario as sc
+from cli.lab.nvml.build import build_library
+from healthd.nvml_client import PynvmlClient
+from medic_core import proc
+
+LINKS = 18
+NOT_SUPPORTED, INVALID_ARGUMENT, UNKNOWN = 3, 2, 999
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+class NVMLError_NotSupported(NVMLError):
+    pass
+
+
+class NVMLError_FunctionNotFound(NVMLError):
+    pass
+
+
+class FakeNvml:
+    """One GPU whose link `l` has counted `per_link[c] * (l + 1)` errors of counter c. The
+    four total fields answer as `fields` says: ok, not_supported (per field), missing (an
+    older driver: no such function), unknown (an error on one field), and `nvlinks` = 0 is a
+    PCIe card (no NVLink at all)."""
+
+    NVMLError = NVMLError
+    NVMLError_NotSupported = NVMLError_NotSupported
+    NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
+    NVML_SUCCESS = 0
+    NVML_NVLINK_MAX_LINKS = LINKS
+    NVML_NVLINK_ERROR_DL_REPLAY, NVML_NVLINK_ERROR_DL_RECOVERY = 0, 1
+    NVML_NVLINK_ERROR_DL_CRC_FLIT, NVML_NVLINK_ERROR_DL_CRC_DATA = 2, 3
+    NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = 38
+    NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL = 45
+    NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL = 52
+    NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL = 59
+    NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC = 0, 0
+    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+    NVML_PERF_POLICY_POWER, NVML_PERF_POLICY_THERMAL = 0, 1
+
+    def __init__(self, fields: str = "ok", nvlinks: int = LINKS) -> None:
+        self.fields = fields
+        self.nvlinks = nvlinks
+        self.per_link = {0: 1, 1: 2, 2: 3, 3: 4}  # replay, recovery, crc flit, crc data
+        self.calls = {"fields": 0, "links": 0}
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def total(self, counter: int) -> int:
+        return sum(self.per_link[counter] * (link + 1) for link in range(self.nvlinks))
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:
+        self.calls["links"] += 1
+        if not self.nvlinks:
+            raise NVMLError_NotSupported(NOT_SUPPORTED)
+        if link >= self.nvlinks:
+            raise NVMLError(INVALID_ARGUMENT)
+        return self.per_link[counter] * (link + 1)
+
+    def nvmlDeviceGetFieldValues(self, handle: int, ids: list[int]) -> list[SimpleNamespace]:
+        self.calls["fields"] += 1
+        if self.fields == "missing":
+            raise NVMLError_FunctionNotFound(13)
+        counter = {38: 2, 45: 3, 52: 0, 59: 1}
+        out = []
+        for i, field in enumerate(ids):
+            code = 0
+            if self.fields == "not_supported" or not self.nvlinks:
+                code = NOT_SUPPORTED
+            elif self.fields == "unknown" and i == 2:
+                code = UNKNOWN
+            value = SimpleNamespace(ullVal=self.total(counter[field]), uiVal=7)
+            out.append(SimpleNamespace(nvmlReturn=code, valueType=3, value=value))
+        return out
+
+    # the other trend counters: constants
+    def nvmlDeviceGetTotalEccErrors(self, handle: int, error: int, counter: int) -> int:
+        return 1
+
+    def nvmlDeviceGetRemappedRows(self, handle: int) -> tuple[int, int, int, int]:
+        return 0, 0, 0, 0
+
+    def nvmlDeviceGetRetiredPages(self, handle: int, cause: int) -> list[int]:
+        return []
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: int) -> int:
+        return 0
+
+    def nvmlDeviceGetViolationStatus(self, handle: int, policy: int) -> SimpleNamespace:
+        return SimpleNamespace(violationTime=0)
+
+
+def client_for(nv: FakeNvml) -> PynvmlClient:
+    loader: Any = lambda: nv  # noqa: E731 (a module, as far as the client knows)
+    return PynvmlClient(call_timeout=5.0, loader=loader).open()
+
+
+def nvlink(client: PynvmlClient) -> tuple[int | None, int | None]:
+    counters = client.trend_counters(0)
+    return counters.nvlink_crc, counters.nvlink_replay
+
+
+def test_the_totals_come_from_one_field_call_and_equal_the_sum_over_the_links() -> None:
+    nv = FakeNvml("ok")
+    expected = (nv.total(2) + nv.total(3), nv.total(0) + nv.total(1))
+    with client_for(nv) as client:
+        assert nvlink(client) == expected
+        assert nvlink(client) == expected
+    assert nv.calls == {"fields": 2, "links": 0}
+    # The link-by-link path (what an older driver gets) agrees.
+    old = FakeNvml("missing")
+    with client_for(old) as client:
+        assert nvlink(client) == expected
+    assert old.calls == {"fields": 1, "links": 4 * LINKS}
+
+
+@pytest.mark.parametrize("fields", ["not_supported", "missing"])
+def test_a_gpu_without_the_fields_is_read_link_by_link_and_not_asked_again(fields: str) -> None:
+    nv = FakeNvml(fields)
+    expected = (nv.total(2) + nv.total(3), nv.total(0) + nv.total(1))
+    client = client_for(nv)
+    for _ in range(3):
+        assert nvlink(client) == expected
+    assert nv.calls == {"fields": 1, "links": 3 * 4 * LINKS}
+    client.close()  # NVML initialised again (a driver reload): the fields are asked again
+    client.open()
+    assert nvlink(client) == expected
+    assert nv.calls["fields"] == 2
+    client.close()
+
+
+def test_an_error_on_a_field_reads_the_links_this_time_and_asks_again_next_time() -> None:
+    nv = FakeNvml("unknown")
+    expected = (nv.total(2) + nv.total(3), nv.total(0) + nv.total(1))
+    with client_for(nv) as client:
+        assert nvlink(client) == expected
+        nv.fields = "ok"
+        assert nvlink(client) == expected
+    assert nv.calls == {"fields": 2, "links": 4 * LINKS}
+
+
+def test_a_pcie_card_has_no_nvlink_counters_and_costs_one_call_after_the_first_run() -> None:
+    nv = FakeNvml("ok", nvlinks=0)
+    with client_for(nv) as client:
+        assert nvlink(client) == (None, None)
+        first = dict(nv.calls)
+        assert nvlink(client) == (None, None)
+    assert first == {"fields": 1, "links": 2}
+    assert nv.calls == {"fields": 1, "links": 4}
+
+
+# ---- the injection library: the fields carry the scenario's counts -----------------------------
+
+_PROBE = """
+import json, pynvml as n
+n.nvmlInit()
+kinds = ["CRC_FLIT_ERROR", "CRC_DATA_ERROR", "REPLAY_ERROR", "RECOVERY_ERROR"]
+ids = [getattr(n, f"NVML_FI_DEV_NVLINK_{k}_COUNT_TOTAL") for k in kinds]
+out = []
+for i in range(n.nvmlDeviceGetCount()):
+    fields = n.nvmlDeviceGetFieldValues(n.nvmlDeviceGetHandleByIndex(i), ids)
+    out.append([[f.nvmlReturn, f.valueType, f.value.ullVal] for f in fields])
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    library = build_library(tmp_path_factory.mktemp("nvml"))
+    ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)  # before pynvml's first nvmlInit
+    return library.parent
+
+
+def without_nvlink(s: sc.NodeScenario, gpu: int) -> sc.NodeScenario:
+    gpus = list(s.gpus)
+    gpus[gpu] = replace(gpus[gpu], nvlinks=0)
+    return replace(s, gpus=tuple(gpus))
+
+
+def test_the_injection_library_gives_the_totals_as_fields(lib_dir: Path, tmp_path: Path) -> None:
+    s = sc.default_scenario("n1", 3)
+    for spec in ("nvlink.crc_flit=4", "nvlink.crc_data=1", "nvlink.replay=2", "nvlink.recovery=6"):
+        s = sc.inject(s, 1, spec)
+    s = without_nvlink(s, 2)
+    path = tmp_path / "n1.scenario"
+    sc.write_scenario(path, s)
+    env = {"LD_LIBRARY_PATH": str(lib_dir), "NVML_INJECT_SCENARIO": str(path), "PATH": "/usr/bin"}
+    result = proc.run([sys.executable, "-c", _PROBE], timeout=30, env=env)
+    assert result.ok, result.describe_failure() + "\n" + result.stderr
+    g0, g1, g2 = json.loads(result.stdout)
+    ull = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    assert g0 == [[0, ull, 0]] * 4
+    assert g1 == [[0, ull, 4], [0, ull, 1], [0, ull, 2], [0, ull, 6]]
+    assert [f[0] for f in g2] == [NOT_SUPPORTED] * 4  # no NVLink: not supported, per field
+
+
+@pytest.fixture
+def injected(lib_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    path = tmp_path / "n1.scenario"
+    monkeypatch.setenv("NVML_INJECT_SCENARIO", str(path))
+    yield path
+
+
+def test_the_sensor_reads_the_same_counts_through_the_fields_as_link_by_link(
+    injected: Path,
+) -> None:
+    s = sc.default_scenario("n1", 2)
+    for spec in ("nvlink.crc_flit=4", "nvlink.crc_data=1", "nvlink.replay=2", "nvlink.recovery=6"):
+        s = sc.inject(s, 1, spec)
+    sc.write_scenario(injected, s)
+    with PynvmlClient(call_timeout=5.0) as client:
+        fields = client.trend_counters(1)
+        assert not client._link_by_link  # read from the fields
+        client._link_by_link.add(1)  # as for a GPU that does not give the fields
+        links = client.trend_counters(1)
+    assert (fields.nvlink_crc, fields.nvlink_replay) == (5, 8)
+    assert fields == links
