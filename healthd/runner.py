@@ -2,9 +2,9 @@
 
 A run's checks go through a few lanes (`parallel`; one per check when None): a lane is one
 worker thread (healthd.workers: reused across runs) that runs checks one after another until
-none is left. The caller's thread sleeps meanwhile, woken when a lane runs out of checks or at
-the deadline of a check in progress, not once per check: with every check at 10 s a round's
-hand-offs were a measurable share of the daemon's CPU (issue 15).
+none is left. The caller's thread sleeps meanwhile, woken when the last lane runs out of
+checks or at the deadline of a check in progress, not once per check: with every check at
+10 s a round's hand-offs were a measurable share of the daemon's CPU (issue 15).
 
 A check that raises or overruns yields UNKNOWN (never a hardware verdict) with the reason
 in the evidence. An overrunning check keeps its thread (Python cannot kill a thread, and a
@@ -335,8 +335,8 @@ class Runner:
         )
 
     def _lane(self, run: _Run, lane: _Lane, instances: Mapping[str, Check[Any, Any]]) -> None:
-        """A lane's worker. The runner's thread sleeps meanwhile: it is woken when the lane
-        has no check left, or when a check starts whose deadline comes before the one it
+        """A lane's worker. The runner's thread sleeps meanwhile: it is woken when the last
+        lane has no check left, or when a check starts whose deadline comes before the one it
         sleeps until; a check that overruns is left to its thread there and then."""
         try:
             self._run_lane(run, lane, instances)
@@ -344,7 +344,8 @@ class Runner:
             with run.cond:
                 if lane in run.lanes and lane.current is None:
                     run.lanes.remove(lane)
-                    run.cond.notify()
+                    if not run.lanes:  # the last one: the run is over (the others' deadlines
+                        run.cond.notify()  # are what the runner's thread sleeps until)
 
     def _run_lane(self, run: _Run, lane: _Lane, instances: Mapping[str, Check[Any, Any]]) -> None:
         while True:
