@@ -626,9 +626,11 @@ class HealthDaemon:
     # ---- wiring the parts --------------------------------------------------------------
 
     def attach(self, ladder: LadderThread) -> None:
-        """The ladder's thread answers fresh faults and stops with the daemon."""
+        """The ladder's thread answers fresh faults and stops with the daemon; the rails its
+        ticks read (every 5 s idle) keep the launch gate's fresh."""
         self.ladder = ladder
         self.on_fault = ladder.respond
+        ladder.ladder.on_rails = self.gate.observe_rails
 
     def serve(self, socket_path: Path) -> socketserver.UnixStreamServer:
         """The local socket, answering from this daemon, its launch gate and its ladder."""

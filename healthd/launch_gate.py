@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from healthd.checks.base import Result, Status, Tier, worst
 from healthd.gate_recorder import EventRecorder
@@ -22,6 +22,9 @@ from medic_core.config import MedicConfig
 from medic_core.settings import DaemonSettings, HookSettings
 from medic_core.store import Severity, Store
 
+if TYPE_CHECKING:
+    from remediation.tickets import NodeRails
+
 log = logging.getLogger("medic.healthd")
 
 # What the epilog's job_end runs: the GPUs still there and clean after the job.
@@ -29,7 +32,8 @@ POST_JOB_CHECKS = ("gpu_count", "gpu_xid", "gpu_ecc", "gpu_retired_pages", "gpu_
 HOOK_EVENT_KINDS = ("gate", "job_summary", "job_action")
 GATE_FLUSH = 1.0  # seconds job_summary waits for queued gate decisions to reach the store
 # The gate's rails (open RMA tickets, the drain cap's hold, the GPUs isolation took out) for a
-# verdict that is not CRITICAL come from memory when read within RAILS_MAX_AGE seconds, else
+# verdict that is not CRITICAL come from memory when read within RAILS_MAX_AGE seconds (by the
+# gate, or by the ladder's tick, which hands them over: observe_rails), else
 # from the store before the reply; once older than RAILS_FRESH they are read again after the
 # reply, at most once per RAILS_FRESH seconds whatever the launch rate (one read, a single
 # transaction, costs ~0.2 ms of CPU: at one job start a second, every 5 s, not every start).
@@ -279,25 +283,24 @@ class LaunchGate:
         self._rails_seen = (at, rma_open, cap_held, isolated)
         return self._rails_seen
 
+    def observe_rails(self, rails: NodeRails) -> None:
+        """The rails as someone else just read them (the ladder, at each tick): the gate's
+        own read after a reply is then seldom due."""
+        self._rails_seen = (time.monotonic(), *_gate_rails(rails))
+
     def _rails(self) -> tuple[list[int], str, tuple[int, ...]]:
         """This node's open RMA tickets, the episode the drain cap keeps in service (its
         why) and the GPUs its open episode's isolation record took out of the GRES, as the
         store knows them; nothing when it does not answer (the verdict alone decides then,
         and the ladder's keep-out still drains an RMA node)."""
-        from remediation import episodes as ep
         from remediation import tickets
-        from remediation.isolation import out_of_gres, recorded
 
         try:
             rails = tickets.read_rails(self.host.store, self.host.node)
         except Exception as exc:  # a store that fails must not stop a job start
             log.warning("launch gate: RMA tickets and episodes unknown: %s", exc)
             return [], "", ()
-        rma_open, episode = rails.open_tickets, rails.episode
-        isolated = out_of_gres(recorded(episode.evidence)) if episode is not None else ()
-        if episode is not None and episode.state == ep.WAITING_CAP:
-            return rma_open, f"episode {episode.id} waits for the drain cap", isolated
-        return rma_open, "", isolated
+        return _gate_rails(rails)
 
     def after_job(self, job_id: str) -> None:
         """Post-job checks and the job's health summary (an event of kind "job_summary");
@@ -362,3 +365,16 @@ class LaunchGate:
             "status": worst([r.status for r in report.results]).value,
             "results": [result_json(r) for r in report.results],
         }
+
+
+def _gate_rails(rails: NodeRails) -> tuple[list[int], str, tuple[int, ...]]:
+    """What the gate takes of the rails: the open tickets, the drain cap's hold (its why) and
+    the GPUs isolation took out."""
+    from remediation import episodes as ep
+    from remediation.isolation import out_of_gres, recorded
+
+    rma_open, episode = rails.open_tickets, rails.episode
+    isolated = out_of_gres(recorded(episode.evidence)) if episode is not None else ()
+    if episode is not None and episode.state == ep.WAITING_CAP:
+        return rma_open, f"episode {episode.id} waits for the drain cap", isolated
+    return rma_open, "", isolated

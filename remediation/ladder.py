@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from medic_core import proc
 from medic_core.drain_reason import (
@@ -53,6 +53,9 @@ from remediation.decide import (
 from remediation.isolation import APPLIED, INTENT, RESTORED, RESTORING, gres_count, recorded
 from remediation.isolator import IsolationError, Isolator
 from remediation.policy import LemonScore, Rung, after_failure
+
+if TYPE_CHECKING:
+    from remediation.tickets import NodeRails
 
 log = logging.getLogger("medic.remediation")
 
@@ -128,6 +131,9 @@ class Ladder:
     # the node's GRES once the node is idle (the node serves jobs on the others while the GPU
     # is reset), and the re-qualified GPU comes back (`restore`) instead of the plain resume.
     isolation: Callable[[], Isolator] | None = None
+    # Told the node's rails (open episode, RMA tickets, re-qualification) each tick reads
+    # (set by the daemon: the launch gate then need not read them again itself).
+    on_rails: Callable[[NodeRails], object] | None = None
 
     def __init__(
         self,
@@ -383,6 +389,8 @@ class Ladder:
         from remediation import tickets
 
         rails = tickets.read_rails(self.store.store, self.node)
+        if self.on_rails is not None:
+            self.on_rails(rails)
         episode = rails.episode
         # An open RMA ticket keeps the node out whatever its episode waits on (the cap, a
         # human); only a repair under way (acting, rebooting) is left to finish first.

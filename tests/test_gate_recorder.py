@@ -515,3 +515,21 @@ def test_the_writer_lingers_for_more_and_a_flush_cuts_it_short(
     recorder.record(gate_event(3))
     assert recorder.flush(10)  # a second flush after a batch: again without lingering
     assert store.batches[-1] == ["job:3"]
+
+
+def test_rails_the_ladder_read_spare_the_gate_its_own_read_and_refuse_at_once(
+    tmp_path: Path, paths: NodePaths, store: GatedStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from remediation import tickets
+
+    gate = make_gate(tmp_path, paths, store, ok("gpu_count", "8 GPUs"))
+    reads: list[float] = []
+    real = gate._rails
+    monkeypatch.setattr(gate, "_rails", lambda: [reads.append(0.0), real()][1])
+    assert gate.launch(5.0, job_id="100")["allow"]
+    assert gate.recorder.flush(10) and len(reads) == 1
+    tickets.open_ticket(store.store, "n1", "gpu.xid.79", "fell off the bus", [], {}, "test")
+    gate.observe_rails(tickets.read_rails(store.store, "n1"))  # the ladder's tick, say
+    reply = gate.launch(5.0, job_id="101")
+    assert not reply["allow"] and "RMA" in reply["why"]  # at once, not within RAILS_MAX_AGE
+    assert gate.recorder.flush(10) and len(reads) == 1  # and without a read of its own

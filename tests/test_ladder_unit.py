@@ -1456,3 +1456,13 @@ def test_a_rung_past_the_reset_drains_the_isolated_node_whole_again(
     assert not in_service(world, "n1") and world.nodes["n1"].said("did not repair")
     assert len(world.nodes["n1"].commands) == resets
     assert gres.count["n1"] == 7
+
+
+def test_each_tick_tells_the_rails_it_read(world: World) -> None:
+    seen: list[tickets.NodeRails] = []
+    world.daemon("n2").on_rails = seen.append
+    world.tick("n2")
+    assert seen == [tickets.NodeRails(None, [], False)]
+    admission = world.fault("n2", XID_95)
+    world.tick("n2")
+    assert seen[-1].episode is not None and seen[-1].episode.id == admission.episode.id  # type: ignore[union-attr]
