@@ -25,7 +25,6 @@ import os
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, overload
 
@@ -139,7 +138,7 @@ def _trend(
 # --- a series with running sums ------------------------------------------------------------
 
 _EXACT = 2.0**52  # |value| below this: an integer, its steps and their sums are exact floats
-_time = itemgetter(0)
+_COMPACT = 32  # dead points a series' columns may hold before they are copied anew
 
 
 def _json_number(x: float) -> str:
@@ -164,89 +163,116 @@ def _counter_step(v0: float, v1: float) -> int:
     return int(v1) - int(v0) if v1 >= v0 else max(int(v1), 0)
 
 
+class _Store:
+    """The append-only columns behind Series views: a view sees only its [lo, hi), so an
+    append (past every view's hi) changes no view; a compaction makes new columns."""
+
+    __slots__ = ("cum", "encoded", "exact", "points", "restarts", "times")
+
+    def __init__(self, points: list[Point], exact: bool) -> None:
+        self.points = points
+        self.times = [t for t, _ in points]
+        self.encoded = [_point_json(t, v) for t, v in points]
+        self.exact = exact  # every value an exact integer, times finite, strictly rising
+        self.cum: list[int] = []  # cum[i]: the counter's increments from points[0] to i
+        self.restarts: list[float] = []  # the time of each point lower than the one before
+        if exact and points:
+            steps = (_counter_step(v0, v1) for (_, v0), (_, v1) in itertools.pairwise(points))
+            self.cum = list(itertools.accumulate(steps, initial=0))
+            self.restarts = [t1 for (_, v0), (t1, v1) in itertools.pairwise(points) if v1 < v0]
+
+    def copy(self, lo: int, hi: int) -> _Store:
+        """New columns holding [lo, hi) of these (exact) ones."""
+        new = _Store([], self.exact)
+        new.points, new.times = self.points[lo:hi], self.times[lo:hi]
+        new.encoded, new.cum = self.encoded[lo:hi], self.cum[lo:hi]
+        first = self.times[lo]
+        new.restarts = [r for r in self.restarts if r > first]
+        return new
+
+
 class Series(Sequence[Point]):
     """An immutable series (a Sequence of its points, oldest first) with what `stats` needs
     to judge any window of it without a pass over its points: the running sum of the
     counter's increments (integers: exactly the floating-point sums of the plain
     computation, which are exact below 2**53), the times of its restarts, and each point
-    as JSON for the book's file. `exact` is False when a point is not an integer below
-    2**52 or the times do not strictly increase (a hand-edited file): `stats` then
-    computes point by point."""
+    as JSON for the book's file. A view of [lo, hi) of append-only columns: appending makes
+    a new view in O(1) (amortized). When a point is not an integer below 2**52 or the
+    times do not strictly increase (a hand-edited file), `stats` computes point by point."""
 
-    __slots__ = ("cum", "encoded", "exact", "points", "restarts")
+    __slots__ = ("_hi", "_lo", "_store")
 
-    def __init__(
-        self,
-        points: tuple[Point, ...],
-        cum: tuple[int, ...],
-        restarts: tuple[float, ...],
-        encoded: tuple[str, ...],
-        exact: bool,
-    ) -> None:
-        self.points = points
-        self.cum = cum  # cum[i]: the counter's increments from points[0] to points[i]
-        self.restarts = restarts  # the time of each point lower than the one before
-        self.encoded = encoded
-        self.exact = exact
+    def __init__(self, store: _Store, lo: int, hi: int) -> None:
+        self._store, self._lo, self._hi = store, lo, hi
 
     @classmethod
     def of(cls, points: Iterable[Point]) -> Series:
-        pts = tuple(points)
-        encoded = tuple(_point_json(t, v) for t, v in pts)
+        pts = list(points)
         exact = all(math.isfinite(t) and _exact(v) for t, v in pts) and all(
             t0 < t1 for (t0, _), (t1, _) in itertools.pairwise(pts)
         )
-        if not exact:
-            return cls(pts, (), (), encoded, False)
-        steps = (_counter_step(v0, v1) for (_, v0), (_, v1) in itertools.pairwise(pts))
-        cum = tuple(itertools.accumulate(steps, initial=0)) if pts else ()
-        restarts = tuple(t1 for (_, v0), (t1, v1) in itertools.pairwise(pts) if v1 < v0)
-        return cls(pts, tuple(cum), restarts, encoded, True)
+        return cls(_Store(pts, exact), 0, len(pts))
+
+    @property
+    def exact(self) -> bool:
+        return self._store.exact
+
+    @property
+    def points(self) -> tuple[Point, ...]:
+        return tuple(self._store.points[self._lo : self._hi])
+
+    @property
+    def encoded(self) -> list[str]:
+        """Each point as json.dumps writes it."""
+        return self._store.encoded[self._lo : self._hi]
 
     def then(self, t: float, value: float, cut: float, keep: int) -> Series:
         """This series with (t, value) appended (t after the last point), then the points
         older than `cut` and those beyond the newest `keep` dropped."""
-        pts = self.points
-        drop, n = 0, len(pts) + 1
-        while drop < n - 1 and (pts[drop][0] < cut or n - drop > keep):
+        store, hi = self._store, self._hi
+        times = store.times
+        drop = self._lo
+        while drop < hi and (times[drop] < cut or hi + 1 - drop > keep):
             drop += 1
-        if drop == n - 1 and (t < cut or keep < 1):
-            return Series.of(())
-        if not (self.exact and math.isfinite(t) and _exact(value) and (not pts or t > pts[-1][0])):
-            return Series.of((*pts[drop:], (t, value)))
-        if pts:
-            cum = (*self.cum[drop:], self.cum[-1] + _counter_step(pts[-1][1], value))
-            restarts = (*self.restarts, t) if value < pts[-1][1] else self.restarts
-        else:
-            cum, restarts = (0,), ()
-        points = (*pts[drop:], (t, value))
-        if drop and restarts and restarts[0] <= points[0][0]:
-            first = points[0][0]
-            restarts = tuple(r for r in restarts if r > first)
-        encoded = (*self.encoded[drop:], _point_json(t, value))
-        return Series(points, cum, restarts, encoded, True)
+        if drop == hi:  # nothing left of this series
+            return Series.of(() if t < cut or keep < 1 else [(t, value)])
+        appendable = hi == len(times) and store.exact and math.isfinite(t) and t > times[hi - 1]
+        if not (appendable and _exact(value)):
+            return Series.of((*store.points[drop:hi], (t, value)))
+        if drop >= max(_COMPACT, hi - drop):  # as many dead points as live ones: new columns
+            store = store.copy(drop, hi)
+            drop, hi = 0, hi - drop
+        previous = store.points[hi - 1][1]
+        store.points.append((t, value))
+        store.times.append(t)
+        store.encoded.append(_point_json(t, value))
+        store.cum.append(store.cum[hi - 1] + _counter_step(previous, value))
+        if value < previous:
+            store.restarts.append(t)
+        return Series(store, drop, hi + 1)
 
     def stats(self, now: float, window: float, *, gauge: bool = False) -> TrendStats | None:
         """`stats` of this series from its running sums; point by point when they cannot
         give the exact result (a point not an exact integer, a bound not finite)."""
-        if not self.exact or not (math.isfinite(now) and math.isfinite(window)):
+        store = self._store
+        if not store.exact or not (math.isfinite(now) and math.isfinite(window)):
             return _stats_of_points(self.points, now, window, gauge=gauge)
-        pts = self.points
-        lo = bisect_left(pts, now - window, key=_time)
-        hi = bisect_right(pts, now, lo=lo, key=_time)
+        times, pts = store.times, store.points
+        lo = bisect_left(times, now - window, self._lo, self._hi)
+        hi = bisect_right(times, now, lo, self._hi)
         if hi - lo < 2:
             return None
         first, restarts, last = lo, 0, pts[hi - 1]
-        if not gauge and self.restarts:
-            a = bisect_right(self.restarts, pts[lo][0])
-            b = bisect_right(self.restarts, last[0], lo=a)
+        if not gauge and store.restarts:
+            a = bisect_right(store.restarts, times[lo])
+            b = bisect_right(store.restarts, last[0], a)
             restarts = b - a
             if restarts:
-                first = bisect_left(pts, self.restarts[b - 1], lo=lo, hi=hi, key=_time) - 1
+                first = bisect_left(times, store.restarts[b - 1], lo, hi) - 1
         start = pts[first]
         span = last[0] - start[0]
         mid = start[0] + span / 2
-        m = bisect_right(pts, mid, lo=first, hi=hi, key=_time)  # pts[first:m]: up to mid
+        m = bisect_right(times, mid, first, hi)  # pts[first:m]: up to the middle
         if gauge:
             increase = last[1] - start[1]
             older = pts[m - 1][1] - start[1]
@@ -255,19 +281,19 @@ class Series(Sequence[Point]):
             # Since the last restart the steps only rise: every partial sum lies between 0
             # and the total, below 2**53 (values are under 2**52): exact as floats, so the
             # integer sums are the plain computation's float sums.
-            cum = self.cum
+            cum = store.cum
             increase = float(cum[hi - 1] - cum[first])
             older = float(cum[m - 1] - cum[first])
             step = float(cum[m] - cum[m - 1])
-        before = pts[m - 1][0]
+        before = times[m - 1]
         if before < mid:  # the step across the middle: its share before it
-            older = older + step * ((mid - before) / (pts[m][0] - before))
+            older = older + step * ((mid - before) / (times[m] - before))
         return _trend(hi - first, span, increase, older, increase - older, restarts)
 
     # -- Sequence[Point]
 
     def __len__(self) -> int:
-        return len(self.points)
+        return self._hi - self._lo
 
     @overload
     def __getitem__(self, index: int) -> Point: ...
@@ -276,10 +302,15 @@ class Series(Sequence[Point]):
     def __getitem__(self, index: slice) -> tuple[Point, ...]: ...
 
     def __getitem__(self, index: int | slice) -> Point | tuple[Point, ...]:
-        return self.points[index]
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._hi - self._lo)
+            if step == 1:
+                return tuple(self._store.points[self._lo + start : self._lo + max(start, stop)])
+            return tuple(self._store.points[self._lo : self._hi][index])
+        return self._store.points[range(self._lo, self._hi)[index]]
 
     def __iter__(self) -> Iterator[Point]:
-        return iter(self.points)
+        return iter(self._store.points[self._lo : self._hi])
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Series):

@@ -14,10 +14,12 @@ from collections.abc import Sequence
 from dataclasses import astuple
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healthd.trends import SeriesBook, TrendStats, stats
+import healthd.trends
+from healthd.trends import Series, SeriesBook, TrendStats, stats
 
 Point = tuple[float, float]
 SECONDS_PER_HOUR = 3600.0
@@ -136,7 +138,11 @@ ops = st.lists(
 )
 
 
-def replay(history: list, keep: int, horizon: float) -> tuple[SeriesBook, RefBook, float]:
+def replay(
+    history: list, keep: int, horizon: float, views: list[tuple[Series, list[Point]]] | None = None
+) -> tuple[SeriesBook, RefBook, float]:
+    """Run `history` on a SeriesBook and on the reference book; `views` collects each
+    Series the book handed out with the points it had then."""
     book, ref = SeriesBook(None, keep=keep), RefBook(keep)
     t, values = T0, dict.fromkeys(KEYS, 0.0)
     for key, dt, (kind, n), forget in history:
@@ -149,8 +155,10 @@ def replay(history: list, keep: int, horizon: float) -> tuple[SeriesBook, RefBoo
         else:
             v = float(n)
         values[key] = v
-        book.add(key, t, v, horizon)
+        view = book.add(key, t, v, horizon)
         ref.add(key, t, v, horizon)
+        if views is not None:
+            views.append((view, list(ref.series[key])))
         if forget:
             book.forget_except([key], t, horizon)
             ref.forget_except([key], t, horizon)
@@ -178,12 +186,36 @@ def check_book(book: SeriesBook, ref: RefBook, now: float, windows: list[float])
     keep=st.integers(1, 12),
     horizon=st.sampled_from([0.0, 60.0, 300.0, 3600.0]),
     windows=st.lists(st.sampled_from([5.0, 90.0, 240.0, 600.0, 3600.0, 1e9]), min_size=1),
+    compact=st.sampled_from([1, 2, 3, 32]),
 )
 def test_the_running_sums_give_exactly_the_plain_stats(
-    history: list, keep: int, horizon: float, windows: list[float]
+    history: list, keep: int, horizon: float, windows: list[float], compact: int
 ) -> None:
-    book, ref, now = replay(history, keep, horizon)
-    check_book(book, ref, now, windows)
+    saved, healthd.trends._COMPACT = healthd.trends._COMPACT, compact  # columns copied often
+    try:
+        views: list[tuple[Series, list[Point]]] = []
+        book, ref, now = replay(history, keep, horizon, views)
+        check_book(book, ref, now, windows)
+        # Every Series handed out (an observation holds it) is as it was when handed out,
+        # judges alike, and appending to an old one (not the book's latest) leaves it be.
+        for view, points in views:
+            assert repr(list(view)) == repr(points) and len(view) == len(points)
+            if points:
+                assert repr(view[-1]) == repr(points[-1])
+                assert repr(view[-3:]) == repr(tuple(points[-3:]))
+            t = points[-1][0] if points else now
+            for window in windows:
+                assert same(stats(view, t, window), ref_stats(points, t, window))
+        for view, points in views[:3]:
+            t = (points[-1][0] if points else now) + 10
+            grown = view.then(t, 5.0, t - horizon, keep)
+            ref_grown = RefBook(keep)
+            ref_grown.series["k"] = list(points)
+            ref_grown.add("k", t, 5.0, horizon)
+            assert repr(list(grown)) == repr(ref_grown.series["k"])
+            assert repr(list(view)) == repr(points)
+    finally:
+        healthd.trends._COMPACT = saved
 
 
 @settings(max_examples=100, deadline=None)
@@ -231,3 +263,18 @@ def test_a_long_steady_counter_is_judged_from_its_sums_with_resets_and_a_gauge()
             g = stats(book.view("GPU-a/temperature_c"), now, window, gauge=True)
             assert same(g, ref_stats(ref.series["GPU-a/temperature_c"], now, window, gauge=True))
     assert book.view("GPU-a/ecc_corrected").exact  # judged from the sums, not point by point
+
+
+def test_a_series_view_indexes_and_slices_as_its_points_do() -> None:
+    book = SeriesBook(None, keep=6)
+    for i in range(20):  # the columns hold dead points before the view's first
+        view = book.add("k", T0 + i, float(i), 3600.0)
+    points = tuple(view)
+    assert len(points) == 6 and points[0] == (T0 + 14, 14.0)
+    for cut in (slice(None), slice(-3, None), slice(2, 1), slice(-20, 5), slice(5, 100)):
+        assert view[cut] == points[cut], cut
+    assert view[::-1] == points[::-1] and view[1:6:2] == points[1:6:2]
+    assert [view[i] for i in (0, 5, -1, -6)] == [points[i] for i in (0, 5, -1, -6)]
+    for outside in (6, -7):
+        with pytest.raises(IndexError):
+            view[outside]
