@@ -138,20 +138,7 @@ def _trend(
 # --- a series with running sums ------------------------------------------------------------
 
 _EXACT = 2.0**52  # |value| below this: an integer, its steps and their sums are exact floats
-_COMPACT = 32  # dead points a series' columns may hold before they are copied anew
-
-
-def _json_number(x: float) -> str:
-    """A float as json.dumps writes it (repr; NaN and the infinities as Python's json)."""
-    if x != x:
-        return "NaN"
-    if x in (math.inf, -math.inf):
-        return "Infinity" if x > 0 else "-Infinity"
-    return float.__repr__(x)
-
-
-def _point_json(t: float, v: float) -> str:
-    return f"[{_json_number(t)},{_json_number(v)}]"
+_COMPACT = 16  # dead points a series' columns may hold before they are copied anew
 
 
 def _exact(v: float) -> bool:
@@ -167,25 +154,28 @@ class _Store:
     """The append-only columns behind Series views: a view sees only its [lo, hi), so an
     append (past every view's hi) changes no view; a compaction makes new columns."""
 
-    __slots__ = ("cum", "encoded", "exact", "points", "restarts", "times")
+    __slots__ = ("cum", "exact", "restarts", "times", "values")
 
-    def __init__(self, points: list[Point], exact: bool) -> None:
-        self.points = points
-        self.times = [t for t, _ in points]
-        self.encoded = [_point_json(t, v) for t, v in points]
-        self.exact = exact  # every value an exact integer, times finite, strictly rising
-        self.cum: list[int] = []  # cum[i]: the counter's increments from points[0] to i
+    def __init__(self, points: Iterable[Point]) -> None:
+        pts = list(points)
+        self.times = [t for t, _ in pts]
+        self.values = [v for _, v in pts]
+        # every value an exact integer, times finite and strictly rising: sums are exact
+        self.exact = all(math.isfinite(t) and _exact(v) for t, v in pts) and all(
+            t0 < t1 for t0, t1 in itertools.pairwise(self.times)
+        )
+        self.cum: list[int] = []  # cum[i]: the counter's increments from the first point to i
         self.restarts: list[float] = []  # the time of each point lower than the one before
-        if exact and points:
-            steps = (_counter_step(v0, v1) for (_, v0), (_, v1) in itertools.pairwise(points))
+        if self.exact and pts:
+            steps = (_counter_step(v0, v1) for v0, v1 in itertools.pairwise(self.values))
             self.cum = list(itertools.accumulate(steps, initial=0))
-            self.restarts = [t1 for (_, v0), (t1, v1) in itertools.pairwise(points) if v1 < v0]
+            self.restarts = [t1 for (_, v0), (t1, v1) in itertools.pairwise(pts) if v1 < v0]
 
     def copy(self, lo: int, hi: int) -> _Store:
         """New columns holding [lo, hi) of these (exact) ones."""
-        new = _Store([], self.exact)
-        new.points, new.times = self.points[lo:hi], self.times[lo:hi]
-        new.encoded, new.cum = self.encoded[lo:hi], self.cum[lo:hi]
+        new = _Store(())
+        new.times, new.values, new.cum = self.times[lo:hi], self.values[lo:hi], self.cum[lo:hi]
+        new.exact = self.exact
         first = self.times[lo]
         new.restarts = [r for r in self.restarts if r > first]
         return new
@@ -195,10 +185,10 @@ class Series(Sequence[Point]):
     """An immutable series (a Sequence of its points, oldest first) with what `stats` needs
     to judge any window of it without a pass over its points: the running sum of the
     counter's increments (integers: exactly the floating-point sums of the plain
-    computation, which are exact below 2**53), the times of its restarts, and each point
-    as JSON for the book's file. A view of [lo, hi) of append-only columns: appending makes
-    a new view in O(1) (amortized). When a point is not an integer below 2**52 or the
-    times do not strictly increase (a hand-edited file), `stats` computes point by point."""
+    computation, which are exact below 2**53) and the times of its restarts. A view of
+    [lo, hi) of append-only columns: appending makes a new view in O(1) (amortized). When a
+    point is not an integer below 2**52 or the times do not strictly increase (a
+    hand-edited file), `stats` computes point by point."""
 
     __slots__ = ("_hi", "_lo", "_store")
 
@@ -207,11 +197,8 @@ class Series(Sequence[Point]):
 
     @classmethod
     def of(cls, points: Iterable[Point]) -> Series:
-        pts = list(points)
-        exact = all(math.isfinite(t) and _exact(v) for t, v in pts) and all(
-            t0 < t1 for (t0, _), (t1, _) in itertools.pairwise(pts)
-        )
-        return cls(_Store(pts, exact), 0, len(pts))
+        store = _Store(points)
+        return cls(store, 0, len(store.times))
 
     @property
     def exact(self) -> bool:
@@ -219,12 +206,8 @@ class Series(Sequence[Point]):
 
     @property
     def points(self) -> tuple[Point, ...]:
-        return tuple(self._store.points[self._lo : self._hi])
-
-    @property
-    def encoded(self) -> list[str]:
-        """Each point as json.dumps writes it."""
-        return self._store.encoded[self._lo : self._hi]
+        store, lo, hi = self._store, self._lo, self._hi
+        return tuple(zip(store.times[lo:hi], store.values[lo:hi], strict=True))
 
     def then(self, t: float, value: float, cut: float, keep: int) -> Series:
         """This series with (t, value) appended (t after the last point), then the points
@@ -238,14 +221,14 @@ class Series(Sequence[Point]):
             return Series.of(() if t < cut or keep < 1 else [(t, value)])
         appendable = hi == len(times) and store.exact and math.isfinite(t) and t > times[hi - 1]
         if not (appendable and _exact(value)):
-            return Series.of((*store.points[drop:hi], (t, value)))
-        if drop >= max(_COMPACT, hi - drop):  # as many dead points as live ones: new columns
+            kept = zip(times[drop:hi], store.values[drop:hi], strict=True)
+            return Series.of((*kept, (t, value)))
+        if drop >= _COMPACT:  # dead points at the head of the columns: new columns
             store = store.copy(drop, hi)
             drop, hi = 0, hi - drop
-        previous = store.points[hi - 1][1]
-        store.points.append((t, value))
+        previous = store.values[hi - 1]
         store.times.append(t)
-        store.encoded.append(_point_json(t, value))
+        store.values.append(value)
         store.cum.append(store.cum[hi - 1] + _counter_step(previous, value))
         if value < previous:
             store.restarts.append(t)
@@ -257,32 +240,31 @@ class Series(Sequence[Point]):
         store = self._store
         if not store.exact or not (math.isfinite(now) and math.isfinite(window)):
             return _stats_of_points(self.points, now, window, gauge=gauge)
-        times, pts = store.times, store.points
+        times, values = store.times, store.values
         lo = bisect_left(times, now - window, self._lo, self._hi)
         hi = bisect_right(times, now, lo, self._hi)
         if hi - lo < 2:
             return None
-        first, restarts, last = lo, 0, pts[hi - 1]
+        first, restarts, last = lo, 0, hi - 1
         if not gauge and store.restarts:
             a = bisect_right(store.restarts, times[lo])
-            b = bisect_right(store.restarts, last[0], a)
+            b = bisect_right(store.restarts, times[last], a)
             restarts = b - a
             if restarts:
                 first = bisect_left(times, store.restarts[b - 1], lo, hi) - 1
-        start = pts[first]
-        span = last[0] - start[0]
-        mid = start[0] + span / 2
-        m = bisect_right(times, mid, first, hi)  # pts[first:m]: up to the middle
+        span = times[last] - times[first]
+        mid = times[first] + span / 2
+        m = bisect_right(times, mid, first, hi)  # points first..m-1: up to the middle
         if gauge:
-            increase = last[1] - start[1]
-            older = pts[m - 1][1] - start[1]
-            step = pts[m][1] - pts[m - 1][1]
+            increase = values[last] - values[first]
+            older = values[m - 1] - values[first]
+            step = values[m] - values[m - 1]
         else:
             # Since the last restart the steps only rise: every partial sum lies between 0
             # and the total, below 2**53 (values are under 2**52): exact as floats, so the
             # integer sums are the plain computation's float sums.
             cum = store.cum
-            increase = float(cum[hi - 1] - cum[first])
+            increase = float(cum[last] - cum[first])
             older = float(cum[m - 1] - cum[first])
             step = float(cum[m] - cum[m - 1])
         before = times[m - 1]
@@ -302,15 +284,19 @@ class Series(Sequence[Point]):
     def __getitem__(self, index: slice) -> tuple[Point, ...]: ...
 
     def __getitem__(self, index: int | slice) -> Point | tuple[Point, ...]:
+        store, lo, hi = self._store, self._lo, self._hi
         if isinstance(index, slice):
-            start, stop, step = index.indices(self._hi - self._lo)
-            if step == 1:
-                return tuple(self._store.points[self._lo + start : self._lo + max(start, stop)])
-            return tuple(self._store.points[self._lo : self._hi][index])
-        return self._store.points[range(self._lo, self._hi)[index]]
+            start, stop, step = index.indices(hi - lo)
+            if step != 1:
+                return self.points[index]
+            lo, hi = lo + start, lo + max(start, stop)
+            return tuple(zip(store.times[lo:hi], store.values[lo:hi]))  # noqa: B905 (same length)
+        i = range(lo, hi)[index]
+        return store.times[i], store.values[i]
 
     def __iter__(self) -> Iterator[Point]:
-        return iter(self._store.points[self._lo : self._hi])
+        store, lo, hi = self._store, self._lo, self._hi
+        return zip(store.times[lo:hi], store.values[lo:hi], strict=True)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Series):
@@ -460,13 +446,9 @@ class SeriesBook:
             log.warning("%s: trend series not saved: %s", self.path, exc)
 
     def dumps(self) -> str:
-        """The file's text: what json.dumps(..., separators=(",", ":")) writes for
-        {"version": 1, "series": {key: points}}, from each point's JSON kept since it was
-        added (a save encodes no number again)."""
-        body = ",".join(
-            f"{json.dumps(key)}:[{','.join(pts.encoded)}]" for key, pts in self.series.items()
-        )
-        return f'{{"version":{self.VERSION},"series":{{{body}}}}}'
+        """The file's text: {"version": 1, "series": {key: [[t, v], ...]}}."""
+        series = {key: list(pts) for key, pts in self.series.items()}
+        return json.dumps({"version": self.VERSION, "series": series}, separators=(",", ":"))
 
 
 _EMPTY = Series.of(())

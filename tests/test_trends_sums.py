@@ -227,7 +227,7 @@ def test_a_book_restored_from_its_file_gives_the_same_stats_and_goes_on_alike(
     book, ref, now = replay(history, keep, 3600.0)
     book.path = path
     book.save()
-    # The file is what json.dumps writes for the plain lists (each point encoded once).
+    # The file is what json.dumps writes for the plain lists.
     expected = {"version": 1, "series": ref.series}
     assert path.read_text() == json.dumps(expected, separators=(",", ":"))
     again = SeriesBook(path, keep=keep)
