@@ -3,9 +3,11 @@
 A gate decision is an event of the node (kind "gate"), but the prolog waits for nothing but
 the verdict: the socket replies first and the event goes to a bounded queue that one writer
 thread empties into the store, everything queued in one transaction (Store.add_events). The
-writer does not wait for more: a transaction costs ~0.12 ms of CPU and a row ~0.02 ms
-(SQLite), so at one job start a second waiting 2 s for more would save under 0.01 % of a
-core, and a daemon killed meanwhile would lose up to 2 s of decisions.
+writer lingers LINGER seconds after the first event for more: in the lab a transaction of a
+few rows costs ~0.9 ms of CPU (SQLite, caches cold at one job start a second), a row in it
+~0.02 ms, so at one start a second one transaction per 5 s costs 0.02 % of a core where one
+per start cost 0.09 %; a daemon killed with SIGKILL loses up to that long of decisions (a
+stop, a restart or a reload writes them first).
 
 Nothing is lost on the way: a batch the store refuses (down, locked, its disk full), an event
 that finds the queue full, and what is still queued or being written when the daemon exits go
@@ -41,9 +43,10 @@ log = logging.getLogger("medic.healthd")
 QUEUE_BOUND = 1024  # job starts; a node starts a few a second at the very most
 EXIT_GRACE = 2.0  # seconds the writer gets at exit before the rest goes to the journal
 # Seconds the writer waits after the first queued event for more, so that one transaction takes
-# a busy node's few starts a second (a transaction and a wake-up cost ~5x a row); flush() and
-# close() cut it short. A daemon killed with SIGKILL loses at most this much of its decisions.
-LINGER = 2.0
+# a busy node's starts (a transaction and a wake-up cost ~40x a row); flush() (the epilog's
+# job_summary) and close() cut it short. A daemon killed with SIGKILL loses at most this much
+# of its decisions.
+LINGER = 5.0
 # The store refuses the rows, not the write: the batch is tried again one event at a time.
 REFUSED_AS_DATA = (ValueError, IntegrityError, DataError)
 

@@ -196,7 +196,7 @@ def test_the_daemon_isolates_gpu5_after_an_xid_and_gives_it_back_after_its_reset
                 for e in store.events("n1", kind="gate")
                 if e.target == f"job:{four}"]  # fmt: skip
 
-    poll("the prolog's decision recorded", lambda: bool(gate()))
+    poll("the prolog's decision recorded", lambda: bool(gate()), timeout=20)  # 5 s linger
     assert gate() == [(True, "CRITICAL")]  # GPU 5's XID still stands: left out
     eight = lab.slurm(["sbatch", "-w", "n1", "--gres=gpu:8", "--wrap", "true"], check=False)
     assert "Requested node configuration is not available" in eight.stderr
