@@ -495,7 +495,7 @@ class PynvmlClient:
         self._streaks: dict[int, _Streak] = {}
         self._info: dict[int, GpuInfo] = {}
         self._handle_index: dict[int, int] = {}  # device handle address -> index (events)
-        self._link_by_link: set[int] = set()  # GPUs without NVLink error totals as fields
+        self._own_calls: dict[int, set[str]] = {}  # GPU -> trend counters without fields
         self._held = ""  # why NVML must stay shut ("": it may open)
 
     # -- lifecycle
@@ -541,7 +541,7 @@ class PynvmlClient:
             if not self._opened:
                 with self._off_sweep(self.init_timeout + self.call_timeout):
                     self._run("nvmlInit", None, nv.nvmlInit, self.init_timeout)
-                self._link_by_link.clear()  # a new driver may give the fields
+                self._own_calls.clear()  # a new driver may give the fields
                 self._opened = True
         return nv
 
@@ -889,26 +889,6 @@ class PynvmlClient:
                 )
                 return sum(len(nv.nvmlDeviceGetRetiredPages(handle, c)) for c in causes)
 
-            def nvlink_totals() -> tuple[int, int] | None:
-                """(CRC flit + data, replay + recovery) over every link from the four
-                total fields, in one call; None when the GPU does not give them all (it
-                never will: its links are then read one by one, every run)."""
-                if index in self._link_by_link:
-                    return None
-                ids = [int(getattr(nv, name)) for name in _NVLINK_TOTALS]
-                try:
-                    fields = nv.nvmlDeviceGetFieldValues(handle, ids)
-                except unsupported:
-                    self._link_by_link.add(index)
-                    return None
-                codes = {int(f.nvmlReturn) for f in fields} - {nv.NVML_SUCCESS}
-                if codes:  # not supported: for good; another error: this run only
-                    if codes == {_NOT_SUPPORTED}:
-                        self._link_by_link.add(index)
-                    return None
-                flit, data, replay, recovery = (_field_int(f) for f in fields)
-                return flit + data, replay + recovery
-
             def nvlink(*counters: int) -> int:
                 total = 0
                 for link in range(int(nv.NVML_NVLINK_MAX_LINKS)):
@@ -929,35 +909,56 @@ class PynvmlClient:
                 )
                 return ns // 1_000_000
 
+            dl_crc = (nv.NVML_NVLINK_ERROR_DL_CRC_FLIT, nv.NVML_NVLINK_ERROR_DL_CRC_DATA)
+            dl_replay = (nv.NVML_NVLINK_ERROR_DL_REPLAY, nv.NVML_NVLINK_ERROR_DL_RECOVERY)
+            own: dict[str, Callable[[], Any]] = {  # each by its own calls (no fields)
+                "remapped_rows": lambda: sum(nv.nvmlDeviceGetRemappedRows(handle)[:2]),
+                "retired_pages": retired,
+                "pcie_replay": lambda: nv.nvmlDeviceGetPcieReplayCounter(handle),
+                "nvlink_crc": lambda: nvlink(*dl_crc),
+                "nvlink_replay": lambda: nvlink(*dl_replay),
+            }
+            values: dict[str, int | None] = dict(self._trend_fields(nv, handle, index))
+            for counter, call in own.items():
+                if counter not in values:
+                    values[counter] = opt(call)
             corrected, volatile = nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC
-            totals: tuple[int | None, int | None] | None = nvlink_totals()
-            if totals is None:  # link by link
-                crc_flit, crc_data = (
-                    nv.NVML_NVLINK_ERROR_DL_CRC_FLIT,
-                    nv.NVML_NVLINK_ERROR_DL_CRC_DATA,
-                )
-                replays, recoveries = (
-                    nv.NVML_NVLINK_ERROR_DL_REPLAY,
-                    nv.NVML_NVLINK_ERROR_DL_RECOVERY,
-                )
-                totals = (
-                    opt(lambda: nvlink(crc_flit, crc_data)),
-                    opt(lambda: nvlink(replays, recoveries)),
-                )
-            crc, replay = totals
             return TrendCounters(
                 ecc_corrected=opt(
                     lambda: nv.nvmlDeviceGetTotalEccErrors(handle, corrected, volatile)
                 ),
-                remapped_rows=opt(lambda: sum(nv.nvmlDeviceGetRemappedRows(handle)[:2])),
-                retired_pages=opt(retired),
-                pcie_replay=opt(lambda: nv.nvmlDeviceGetPcieReplayCounter(handle)),
-                nvlink_crc=crc,
-                nvlink_replay=replay,
                 throttle_ms=opt(throttle_ms),
+                **values,
             )
 
         return self._device("nvmlDeviceGetPcieReplayCounter", index, read)
+
+    def _trend_fields(self, nv: ModuleType, handle: Any, index: int) -> dict[str, int]:
+        """The trend counters this GPU gives as field values, all in one
+        nvmlDeviceGetFieldValues call (each the sum of its fields, `_TREND_FIELDS`). A
+        counter whose fields are not supported is left out, and read by its own calls from
+        then on (until NVML is initialised again: a GPU never starts supporting a field);
+        one whose field failed otherwise is left out for this run only."""
+        own = self._own_calls.setdefault(index, set())
+        wanted = [counter for counter in _TREND_FIELDS if counter not in own]
+        if not wanted:
+            return {}
+        names = [name for counter in wanted for name in _TREND_FIELDS[counter]]
+        try:
+            fields = nv.nvmlDeviceGetFieldValues(handle, [int(getattr(nv, n)) for n in names])
+        except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):
+            own.update(wanted)  # a driver without the function
+            return {}
+        by_name = dict(zip(names, fields, strict=True))
+        found: dict[str, int] = {}
+        for counter in wanted:
+            got = [by_name[name] for name in _TREND_FIELDS[counter]]
+            codes = {int(f.nvmlReturn) for f in got} - {nv.NVML_SUCCESS}
+            if not codes:
+                found[counter] = sum(_field_int(f) for f in got)
+            elif codes == {_NOT_SUPPORTED}:
+                own.add(counter)
+        return found
 
     def persistence_mode(self, index: int) -> bool:
         def read(nv: ModuleType, handle: Any) -> bool:
@@ -1019,14 +1020,22 @@ class PynvmlClient:
             nv.nvmlEventSetFree(event_set)
 
 
-# NVLink error totals over every link, as nvmlDeviceGetFieldValues gives them in one call:
-# CRC flit, CRC data (nvlink_crc), replay, recovery (nvlink_replay).
-_NVLINK_TOTALS = (
-    "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-    "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-    "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-    "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-)
+# The trend counters nvmlDeviceGetFieldValues gives, each the sum of its fields (NVLink: over
+# every link), read in one call. ECC keeps its own call, which answers NOT_SUPPORTED with ECC
+# off (the lab library's ECC fields do not follow the ECC mode).
+_TREND_FIELDS: dict[str, tuple[str, ...]] = {
+    "remapped_rows": ("NVML_FI_DEV_REMAPPED_COR", "NVML_FI_DEV_REMAPPED_UNC"),
+    "retired_pages": ("NVML_FI_DEV_RETIRED_SBE", "NVML_FI_DEV_RETIRED_DBE"),
+    "pcie_replay": ("NVML_FI_DEV_PCIE_REPLAY_COUNTER",),
+    "nvlink_crc": (
+        "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    ),
+    "nvlink_replay": (
+        "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    ),
+}
 # nvmlValueType_t -> the member of nvmlValue_t that holds the value
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 

@@ -1261,6 +1261,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
         case NVML_FI_DEV_REMAPPED_UNC: v->value.ullVal = g.remap_unc; break;
         case NVML_FI_DEV_REMAPPED_PENDING: v->value.ullVal = g.remap_pending; break;
         case NVML_FI_DEV_REMAPPED_FAILURE: v->value.ullVal = g.remap_failure; break;
+        case NVML_FI_DEV_PCIE_REPLAY_COUNTER: v->value.ullVal = g.pcie_replay; break;
         /* NVLink error totals over every link: the scenario's per-GPU counts (link 0's) */
         case NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL:
         case NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL:
