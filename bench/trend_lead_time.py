@@ -78,14 +78,16 @@ def one_run(lab: Any, conf: Path, fail_step: int) -> dict[str, float]:
 
 
 def evaluate_cost(looks: int = 200) -> float:
-    """Milliseconds per pure evaluation of a full node: 8 GPUs x 8 counters x 60 points."""
+    """Milliseconds per pure evaluation of a full node: 8 GPUs x 8 counters x 60 points, each
+    series a `Series` as the check's gather hands it over (stats from its running sums)."""
     from healthd.checks.gpu_common import GpuSample, GpuSamples
     from healthd.checks.gpu_trends import GpuSeries, TrendsCheck, TrendsConfig, TrendsObservation
     from healthd.nvml_client import Reading
-    from healthd.trends import COUNTERS
+    from healthd.trends import COUNTERS, Series
 
     now = 1_800_000_000.0
-    series = {c: tuple((now - 60 * (59 - i), float(i * i)) for i in range(60)) for c in COUNTERS}
+    points = [(now - 60 * (59 - i), float(i * i)) for i in range(60)]
+    series = {c: Series.of(points) for c in COUNTERS}
     samples = tuple(GpuSample(g, None, Reading(GpuSeries(series))) for g in range(8))
     obs = TrendsObservation(GpuSamples(Reading(8), samples), now)
     cfg = TrendsConfig()
