@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from healthd.checks.base import Result, Status
 from healthd.hang import HangSettings, Pace, StragglerSettings, repeat_straggler
@@ -44,8 +44,9 @@ from medic_core.vocabulary import Finding, Recommendation
 from remediation.decide import FaultFacts, NodeFacts, decide_fault, primary
 from remediation.episodes import EpisodeStore
 from remediation.ladder import Ladder
-from remediation.spares import SparePool, idle_in_service
-from remediation.webhook import deliver_pending
+
+if TYPE_CHECKING:  # imported when used: a node without spares or a webhook never loads them
+    from remediation.spares import SparePool
 
 log = logging.getLogger("medic.healthd")
 
@@ -148,6 +149,8 @@ class LadderThread:
                 log.exception("answering a fault again failed")
             if self.webhook is not None:  # RMA ticket changes to the site's ticketing system
                 try:
+                    from remediation.webhook import deliver_pending
+
                     deliver_pending(self.daemon.store, self.webhook)
                 except Exception:
                     log.exception("webhook delivery failed")
@@ -263,10 +266,14 @@ class LadderThread:
         if self.spares is None or time.monotonic() < self._fill_at:
             return
         self._fill_at = time.monotonic() + FILL_SECONDS
-        pool = self.spares()
         node = self.daemon.node
-        if node not in pool.settings.nodes or self.episodes.open_for(node) is not None:
+        if node not in SpareSettings.from_config(self.daemon.config).nodes:
+            return  # (the pool itself is not even made)
+        pool = self.spares()
+        if self.episodes.open_for(node) is not None:
             return
+        from remediation.spares import idle_in_service
+
         try:
             if idle_in_service(pool.slurm.node(node)) and not pool.wants(node):
                 pool.join(node, self.deep_findings)

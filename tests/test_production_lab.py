@@ -97,6 +97,8 @@ def test_daemons_run_from_the_wheel_in_the_units_sandbox_with_a_store_of_their_o
     bounding = int(re.search(r"CapBnd:\s*([0-9a-f]+)", status).group(1), 16)  # type: ignore[union-attr]
     assert bin(bounding).count("1") == len(unit_capabilities())
     assert re.search(r"NoNewPrivs:\s*1", status)
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"MALLOC_ARENA_MAX=2" in environ  # the unit's Environment=, as systemd gives it
     root_mount = next(
         line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
         if line.split()[4] == "/"

@@ -337,3 +337,18 @@ def test_the_daemon_works_with_only_the_units_capabilities_umask_and_no_new_priv
     finally:
         stop_daemon(pid, tmp_path / "healthd.log")
     assert "Traceback" not in (tmp_path / "healthd.log").read_text()
+
+
+def test_the_units_environment_is_read_as_systemd_reads_it(
+    tmp_path: Path,
+) -> None:
+    from cli.lab.production import unit_environment
+
+    assert unit_environment(UNIT) == {"PYTHONUNBUFFERED": "1", "MALLOC_ARENA_MAX": "2"}
+    unit = tmp_path / "x.service"
+    unit.write_text(
+        "[Unit]\nEnvironment=NOT=service\n[Service]\n"
+        'Environment=A=1 "B=two words"\nEnvironment=C=\n# Environment=D=1\n'
+    )
+    assert unit_environment(unit) == {"A": "1", "B": "two words", "C": ""}
+    assert unit_environment(tmp_path / "absent.service") == {}

@@ -461,11 +461,15 @@ class Lab:
 
         node = self.node(name)
         self.stop_healthd(name)
-        env = self._daemon_env()
+        from cli.lab.production import UNIT, unit_environment
+
+        state = self.state()
+        # The shipped unit's Environment= (PYTHONUNBUFFERED, MALLOC_ARENA_MAX), as systemd
+        # gives it on a node.
+        env = {**unit_environment(Path(state.sandbox_unit or UNIT)), **self._daemon_env()}
         env["MEDIC_NODE_NAME"] = name
         if config is not None:
             env["MEDIC_CONFIG"] = str(config)
-        state = self.state()
         argv = [str(Path(state.venv_bin) / "medic-healthd")]
         if state.sandbox_unit:  # as systemd starts it: in the unit's sandbox
             from cli.lab.production import sandbox_argv

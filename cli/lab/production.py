@@ -17,6 +17,7 @@ node runs them in medic-repair@.service."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import sys
 from collections.abc import Sequence
@@ -58,6 +59,21 @@ def unit_service(unit: Path = UNIT) -> dict[str, list[str]]:
         if sep and section == "Service":
             values.setdefault(key.strip(), []).append(value.strip())
     return values
+
+
+def unit_environment(unit: Path = UNIT) -> dict[str, str]:
+    """Environment= of `unit` (each line one or more KEY=VALUE words, shell-quoted as
+    systemd reads them); {} when the unit is not there (an installed wheel without the
+    repository)."""
+    if not unit.is_file():
+        return {}
+    env: dict[str, str] = {}
+    for line in unit_service(unit).get("Environment", []):
+        for word in shlex.split(line):
+            key, sep, value = word.partition("=")
+            if sep:
+                env[key] = value
+    return env
 
 
 def unit_capabilities(unit: Path = UNIT) -> list[str]:
