@@ -90,6 +90,14 @@ def gate_events(store: GatedStore) -> list[Any]:
     return store.store.events("n1", kind="gate")
 
 
+def counted_rail_reads(gate: LaunchGate, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The gate's own reads of the rails from now on, one entry each."""
+    reads: list[float] = []
+    real = gate._rails
+    monkeypatch.setattr(gate, "_rails", lambda: [reads.append(0.0), real()][1])
+    return reads
+
+
 def test_the_hooks_request_is_answered_while_the_store_write_waits(
     tmp_path: Path, paths: NodePaths, store: GatedStore
 ) -> None:
@@ -177,9 +185,7 @@ def test_the_rails_are_read_again_after_the_reply_once_they_are_old(
     from healthd import launch_gate
 
     gate = make_gate(tmp_path, paths, store, ok("gpu_count", "8 GPUs"))
-    reads: list[float] = []
-    real = gate._rails
-    monkeypatch.setattr(gate, "_rails", lambda: [reads.append(0.0), real()][1])
+    reads = counted_rail_reads(gate, monkeypatch)
     gate.launch(5.0, job_id="46")  # nothing in memory yet: read before the answer
     assert gate.recorder.flush(10) and len(reads) == 1
     gate.launch(5.0, job_id="47")  # fresh: from memory
@@ -195,9 +201,7 @@ def test_the_rails_are_read_at_most_once_per_rails_fresh_whatever_the_launch_rat
     from healthd import launch_gate
 
     gate = make_gate(tmp_path, paths, store, ok("gpu_count", "8 GPUs"))
-    reads: list[float] = []
-    real = gate._rails
-    monkeypatch.setattr(gate, "_rails", lambda: [reads.append(0.0), real()][1])
+    reads = counted_rail_reads(gate, monkeypatch)
     gate.launch(5.0, job_id="60")
     assert gate.recorder.flush(10) and len(reads) == 1
 
@@ -523,9 +527,7 @@ def test_rails_the_ladder_read_spare_the_gate_its_own_read_and_refuse_at_once(
     from remediation import tickets
 
     gate = make_gate(tmp_path, paths, store, ok("gpu_count", "8 GPUs"))
-    reads: list[float] = []
-    real = gate._rails
-    monkeypatch.setattr(gate, "_rails", lambda: [reads.append(0.0), real()][1])
+    reads = counted_rail_reads(gate, monkeypatch)
     assert gate.launch(5.0, job_id="100")["allow"]
     assert gate.recorder.flush(10) and len(reads) == 1
     tickets.open_ticket(store.store, "n1", "gpu.xid.79", "fell off the bus", [], {}, "test")
