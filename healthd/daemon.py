@@ -65,7 +65,7 @@ ACTIONABLE_WARN = ("gpu_reset_when_idle", "restart_app", "drain_after_job")
 STORE_RETRY = 5.0  # seconds between tries of a store that refused a write
 JOURNAL_LOOK = 10.0  # seconds between looks for journal entries to replay (two listings)
 ROUND_PARALLEL = 2  # checks of a scheduled round that run at once (see HealthDaemon.run_due)
-COALESCE_SECONDS = 2.0  # a check due this soon (at most a quarter of its interval) runs now
+COALESCE_SECONDS = 5.0  # a check due this soon (at most half its interval) runs now
 REFRESH_SECONDS = 300.0  # an unchanged condition's message, evidence and updated_at
 # The scheduler never waits long for the runner: a run asked for through the socket (a
 # sweep's deep probe) may hold it for up to the deep checks' timeouts, an hour, far past
@@ -216,7 +216,7 @@ class HealthDaemon:
         jittered times fall close together run in one round (one wake-up of the scheduler
         and of the check threads instead of one each)."""
         base = self._base_interval(name)
-        return 0.0 if base is None else min(COALESCE_SECONDS, base / 4)
+        return 0.0 if base is None else min(COALESCE_SECONDS, base / 2)
 
     def run_due(self) -> RunReport | None:
         """Run the checks that are due; None when none are, or when the runner stays busy
