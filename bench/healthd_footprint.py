@@ -7,6 +7,12 @@ SQLite store); the figures come from psutil on the daemon's PID only. The first 
 (start-up: imports, NVML init, first full round) is excluded from the CPU figure and
 reported on its own.
 
+Per thread (`threads`): CPU from /proc/<pid>/task/<tid>/schedstat (nanoseconds on a CPU)
+and voluntary context switches (wake-ups, and waits for the interpreter) from its status, over
+the measured run; threads are named by `py-spy dump` when py-spy is on PATH (`pip install
+py-spy`; not a dependency of Medic: Python does not give its threads' names to the kernel),
+else by thread id. Workers of one kind (check lanes, NVML sweeps) are summed under one name.
+
 Prints one JSON object. Run: .venv/bin/python -m bench.healthd_footprint --seconds 300
 """
 
@@ -14,6 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import shutil
 import statistics
 import tempfile
 import time
@@ -25,6 +34,7 @@ from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import LabSpec, with_check_options
 from healthd.api import ask
 from healthd.checks import registry
+from medic_core import proc
 
 
 def footprint(
@@ -41,6 +51,7 @@ def footprint(
             process = psutil.Process(pid)
             time.sleep(interval)  # let start-up finish before measuring steady state
             startup_cpu = sum(process.cpu_times()[:2])
+            tasks_before = _tasks(pid)
             rss: list[float] = []
             begin_cpu, begin = startup_cpu, time.monotonic()
             next_sample, launches, job = begin + sample_every, 0, 0
@@ -57,6 +68,7 @@ def footprint(
                     rss.append(process.memory_info().rss / 2**20)
             cpu = sum(process.cpu_times()[:2]) - begin_cpu
             wall = time.monotonic() - begin
+            threads = _per_thread(pid, tasks_before, _tasks(pid), wall, cpu)
             runs = _check_runs(lab, "n1")
         finally:
             lab.down()
@@ -74,6 +86,63 @@ def footprint(
         "check_runs_per_minute": round(runs / (wall / 60), 1) if runs else None,
         "launch_requests": launches,
         "load_average_1m_at_end": round(psutil.getloadavg()[0], 2),
+        "threads": threads,
+    }
+
+
+def _tasks(pid: int) -> dict[int, tuple[int, int]]:
+    """Each thread's (ns on a CPU, voluntary context switches) now."""
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            on_cpu = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        switches = re.search(r"^voluntary_ctxt_switches:\s*(\d+)", status, re.M)
+        found[int(tid)] = (on_cpu, int(switches.group(1)) if switches else 0)
+    return found
+
+
+def _thread_names(pid: int) -> dict[int, str]:
+    """Thread id -> its Python name, from `py-spy dump` ({} without py-spy)."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return {}
+    try:
+        out = proc.run([spy, "dump", "--pid", str(pid)], timeout=30).stdout
+    except OSError:
+        return {}
+    return {int(m[1]): m[2] for m in re.finditer(r'Thread (\d+) \(\w+\): "([^"]*)"', out)}
+
+
+def _per_thread(
+    pid: int,
+    before: dict[int, tuple[int, int]],
+    after: dict[int, tuple[int, int]],
+    wall: float,
+    cpu_seconds: float,
+) -> dict[str, dict[str, float]]:
+    """% of a core and voluntary switches a second per thread kind, busiest first; what
+    threads that ended during the run spent is "(ended)": the process's CPU less the rest."""
+    names = _thread_names(pid)
+    cpu: dict[str, float] = {}
+    switches: dict[str, float] = {}
+    for tid, (ns, sw) in after.items():
+        name = names.get(tid, f"tid {tid}")
+        name = re.sub(r"^(check|nvml)(-.*)?$", r"\1 workers", name)
+        ns0, sw0 = before.get(tid, (0, 0))
+        cpu[name] = cpu.get(name, 0.0) + (ns - ns0)
+        switches[name] = switches.get(name, 0.0) + (sw - sw0)
+    ended = cpu_seconds * 1e9 - sum(cpu.values())
+    if ended > 0:
+        cpu["(ended)"] = ended
+    return {
+        name: {
+            "percent_of_one_core": round(100 * ns / 1e9 / wall, 3),
+            "voluntary_switches_per_s": round(switches.get(name, 0.0) / wall, 2),
+        }
+        for name, ns in sorted(cpu.items(), key=lambda kv: -kv[1])
     }
 
 
