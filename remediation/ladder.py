@@ -390,7 +390,10 @@ class Ladder:
 
         rails = tickets.read_rails(self.store.store, self.node)
         if self.on_rails is not None:
-            self.on_rails(rails)
+            try:
+                self.on_rails(rails)
+            except Exception:  # an onlooker's failure is its own: the tick goes on
+                log.exception("%s: handing the rails over failed", self.node)
         episode = rails.episode
         # An open RMA ticket keeps the node out whatever its episode waits on (the cap, a
         # human); only a repair under way (acting, rebooting) is left to finish first.

@@ -1466,3 +1466,13 @@ def test_each_tick_tells_the_rails_it_read(world: World) -> None:
     admission = world.fault("n2", XID_95)
     world.tick("n2")
     assert seen[-1].episode is not None and seen[-1].episode.id == admission.episode.id  # type: ignore[union-attr]
+
+
+def test_a_failing_rails_onlooker_does_not_stop_the_tick(world: World) -> None:
+    def broken(rails: tickets.NodeRails) -> None:
+        raise RuntimeError("the gate is broken")
+
+    admission = world.fault("n2", XID_95)
+    world.daemon("n2").on_rails = broken
+    episode = world.tick("n2")
+    assert episode is not None and episode.id == admission.episode.id  # type: ignore[union-attr]
