@@ -639,11 +639,10 @@ def resume(name: str, reason: str, force: bool, store_url: str | None,
             "ask them, or --force to resume anyway",
         )
     from remediation import tickets
-    from remediation.episodes import EpisodeStore
 
     with opened_store(config, store_url) as store:
-        episode = EpisodeStore(store).open_for(name)
-        ticket_ids = tickets.open_tickets(store, name)
+        rails = tickets.read_rails(store, name)
+    episode, ticket_ids = rails.episode, rails.open_tickets
     if ticket_ids and not force:
         raise AdminError(
             f"RMA ticket {ticket_ids[0]} is open for {name}",

@@ -114,8 +114,11 @@ class SocketApi:
                 "results": [result_json(r) for r in results],
             }
             try:  # from the store: the rest is the daemon's memory, answered whatever it does
-                episode = self.episodes.open_for(host.node) if self.episodes else None
-                reply["rma_open"] = self._open_tickets()
+                from remediation.tickets import read_rails
+
+                rails = read_rails(host.store, host.node)  # one snapshot of both
+                episode = rails.episode if self.episodes else None
+                reply["rma_open"] = rails.open_tickets
             except Exception as exc:
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 reply["store"] = f"unavailable: {first[:200]}"
@@ -168,11 +171,6 @@ class SocketApi:
                 "results": [result_json(r) for r in report.results],
             }
         return {"error": f"unknown op {op!r}: use one of {', '.join(SOCKET_OPS)}"}
-
-    def _open_tickets(self) -> list[int]:
-        from remediation.tickets import open_tickets
-
-        return open_tickets(self.host.store, self.host.node)
 
     def serve(self, socket_path: Path) -> socketserver.UnixStreamServer:
         """Listen on `socket_path` (root plus `socket_group` only) on a thread of its own."""

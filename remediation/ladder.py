@@ -468,8 +468,9 @@ class Ladder:
         return episode
 
     def _keep_rma_out(self) -> None:
-        """The node has an open RMA ticket: it is never schedulable: a reboot rung's DOWN, then
-        ReturnToService, or a human's resume must not put it back. Drain it again."""
+        """Called while the node has an open RMA ticket, which keeps it unschedulable: a
+        reboot rung's DOWN, then ReturnToService, or a human's resume must not put it back.
+        Drain it again."""
         try:
             info = self.slurm.node(self.node)
             if info is None or info.drained:
@@ -692,10 +693,10 @@ class Ladder:
         return self._escalate(episode, f"still {first.status.value}: {first.message}")
 
     def _requalify_after_rma(self) -> ep.Episode | None:
-        """The node's closed RMA ticket waits for re-qualification. A closed RMA ticket (the
-        part replaced) keeps the node out until it passes the
-        checks a repair must pass; then the ticket's flag is cleared, its episode resolved
-        and Medic's drain lifted. A failing node is tried again every REQUALIFY_RETRY."""
+        """Called while a closed RMA ticket (the part replaced) waits for re-qualification:
+        it keeps the node out until the node passes the checks a repair must pass; then the
+        ticket's flag is cleared, its episode resolved and Medic's drain lifted. A failing
+        node is tried again every REQUALIFY_RETRY."""
         from remediation import tickets
 
         now = time.monotonic()

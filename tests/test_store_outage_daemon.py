@@ -291,3 +291,19 @@ def test_a_critical_kernel_log_event_is_answered_and_history_or_a_warn_is_not(ri
         round_of(T0 + dt.timedelta(seconds=30), kernel_log=[kernel_event(Status.CRITICAL)])
     )
     poll("the oops answered", lambda: answered.count("kernel.oops", "") == 1, timeout=5)
+
+
+def test_the_socket_status_names_the_open_ticket_and_episode_from_one_read(rig: Any) -> None:
+    from remediation import tickets
+
+    daemon, store, _ = rig
+    episodes = EpisodeStore(store)
+    api = SocketApi(daemon, daemon.gate, episodes)
+    opened = episodes.open_episode(
+        daemon.node, state="waiting_idle", fault_class="gpu.xid.79", target="gpu:3",
+        check="gpu_xid", recommendation="reset_gpu", rung=1, message="", evidence={},
+    )  # fmt: skip
+    ticket = tickets.open_ticket(store, daemon.node, "gpu.xid.79", "off the bus", [], {}, "test")
+    reply = api.handle({"op": "status"})
+    assert reply["rma_open"] == [ticket.id]
+    assert reply["remediation_episode"] == {"id": opened.id, "state": "waiting_idle", "rung": 1}
