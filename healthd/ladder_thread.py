@@ -263,7 +263,10 @@ class LadderThread:
     def fill_pool(self) -> None:
         """This node, listed in [remediation.spares] nodes and idle in service, joins a
         short pool after the deep tier; looked at every FILL_SECONDS."""
-        if self.spares is None or time.monotonic() < self._fill_at:
+        if self.spares is None:
+            return
+        self.spares().tend()  # the spares this daemon handed: bound to their runs
+        if time.monotonic() < self._fill_at:
             return
         self._fill_at = time.monotonic() + FILL_SECONDS
         node = self.daemon.node

@@ -466,3 +466,61 @@ def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
     import re
 
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name) if p)
+
+
+# --- a handed spare, bound to the run it was handed to ----------------------------------------
+
+
+@dataclass(frozen=True)
+class ReservedJob:
+    """A job Slurm shows in a handed spare's reservation."""
+
+    job_id: str
+    state: str  # RUNNING, PENDING, COMPLETING, ...
+    nodes: tuple[str, ...]  # () while pending
+
+
+@dataclass(frozen=True)
+class SpareTending:
+    """What to do with a handed spare's reservation now: `requeue` (other jobs running on
+    the spare), then `unbind` (clear the reservation of these jobs), then `delete` it."""
+
+    requeue: tuple[str, ...]
+    unbind: tuple[str, ...]
+    delete: bool
+    why: str
+
+
+def decide_spare_tending(
+    bound: str,
+    spare: str,
+    in_reservation: Sequence[ReservedJob],
+    *,
+    moved: bool,
+) -> SpareTending:
+    """A handed spare admits only the run it was handed to (`bound`). Slurm admits a
+    reservation's jobs by user, account or group, never by job, so every other job in it
+    (the same user's, naming it) is refused: requeued off the spare if it runs, cleared of
+    the reservation. Once the bound job runs, its allocation holds the spare and the
+    reservation goes (cleared of the job first: Slurm refuses to delete a reservation in
+    use), so the spare is free when that run ends, fails or is requeued. A bound job not in
+    the reservation (it ended, or was never moved in: `moved` False while the hand-over
+    may still be moving it) gives the spare back at once."""
+    others = [j for j in in_reservation if j.job_id != bound]
+    requeue = tuple(j.job_id for j in others if j.state != "PENDING")
+    unbind = tuple(j.job_id for j in others)
+    mine = next((j for j in in_reservation if j.job_id == bound), None)
+    refused = f"; {len(others)} other job(s) refused" if others else ""
+    if mine is None:
+        if not moved:
+            return SpareTending(requeue, unbind, False, f"job {bound} being moved in{refused}")
+        why = f"job {bound} is not in it (ended, failed, requeued or never moved): given back"
+        return SpareTending(requeue, unbind, True, why + refused)
+    if mine.state == "PENDING":
+        return SpareTending(requeue, unbind, False, f"job {bound} waits for {spare}{refused}")
+    state = mine.state.lower()
+    if spare in mine.nodes:
+        why = f"job {bound} {state} on {spare}: its allocation holds it, the reservation goes"
+    else:
+        why = f"job {bound} {state} without {spare}: given back"
+    return SpareTending(requeue, (*unbind, bound), True, why + refused)

@@ -7,12 +7,22 @@ before the releaser makes the job eligible): the decision core (`remediation.dec
 decide_spare`) picks the spare; the intent is recorded (an event of kind "spare" keyed by
 the job's run, so a daemon that crashes and answers again, or the job's other node
 answering the same fault, never hands a second spare); a reservation of the job's own is
-made on the spare, `medic-spare-<job>`, for the job's user, with Flags=OVERLAP (made while
-the spare is still in the pool, which it leaves after: never a moment in no reservation),
-FLEX (the job may use nodes outside it too: a multi-node job keeps its healthy nodes) and
-PURGE_COMP (Slurm deletes it once the job has left it for `purge_after` seconds); the job
-is moved into it. No other pending job can take the spare, whatever its priority: the
-reservation is the job's.
+made on the spare, `medic-spare-<job>`, with Flags=OVERLAP (made while the spare is still
+in the pool, which it leaves after: never a moment in no reservation), FLEX (the job may use
+nodes outside it too: a multi-node job keeps its healthy nodes), NO_HOLD_JOBS_AFTER (a job
+still waiting in it when it goes is not held) and PURGE_COMP (Slurm deletes it if no job is
+in it for `purge_after` seconds: a hand-over a crash cut short); the job is moved into it.
+No other job of the queue can take the spare, whatever its priority.
+
+Bound to the run (`SparePool.tend`, the handing daemon's ladder thread, every loop while a
+hand-over it recorded is open): Slurm admits a reservation's jobs by user, account or
+group, never by job, so the reservation names the job's user and Medic refuses the rest
+(`remediation.decide.decide_spare_tending`): another job in it (the user's, naming it) is
+requeued off the spare if it runs and cleared of the reservation. Once the bound job runs,
+it is cleared of the reservation and the reservation deleted: the job's allocation holds
+the spare, and nothing names the spare any more, so when that run ends, fails or is
+requeued the spare is simply free (a listed spare refills the pool after the deep tier). A
+bound job that left the reservation without running in it gives the spare back at once.
 
 Refill (`SparePool.join`, the ladder's give-back after a repair, and a listed node that
 is idle and in service): a pool short of `size` takes the node if it passes the deep tier
@@ -27,6 +37,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -36,7 +47,14 @@ from medic_core.slurm import NodeInfo, SlurmError, expand_hostlist
 from medic_core.status import Status
 from medic_core.store import Severity, Store
 from medic_core.vocabulary import Finding
-from remediation.decide import SpareDecision, decide_spare, spare_key
+from remediation.decide import (
+    ReservedJob,
+    SpareDecision,
+    SpareTending,
+    decide_spare,
+    decide_spare_tending,
+    spare_key,
+)
 from remediation.sweep.runner import SweepSlurm, _user
 
 log = logging.getLogger("medic.spares")
@@ -44,6 +62,17 @@ log = logging.getLogger("medic.spares")
 EVENT_KIND = "spare"
 JOB_RESERVATION_PREFIX = "medic-spare-"
 HANDING, HANDED, FAILED, JOINED = "handing", "handed", "failed", "joined"
+# A handed spare's reservation after the hand-over: released (the bound job runs; its
+# allocation holds the spare), given back (the bound job is not in it), and each other job
+# found in it (refused: requeued off the spare and cleared of the reservation).
+RELEASED, GIVEN_BACK, REFUSED_JOB = "released", "given_back", "refused_job"
+OPEN_ACTIONS = frozenset({HANDING, HANDED, FAILED})
+ACTOR = "daemon"  # the handing node's medic-healthd, named in each event's `by`
+# A hand-over recorded as started may still be moving the job into its reservation.
+MOVE_GRACE = dt.timedelta(seconds=60)
+# How often a daemon with no open hand-over looks at the store again (a restart looks at
+# once: a hand-over a crash interrupted is tended).
+IDLE_LOOK_SECONDS = 60.0
 # How far back the store is read for hand-overs already recorded: longer than any
 # requeue-and-restart of one run.
 HANDED_LOOKBACK = dt.timedelta(days=2)
@@ -57,6 +86,22 @@ def slurm_duration(seconds: int) -> str:
 
 def job_reservation(job_id: str) -> str:
     return f"{JOB_RESERVATION_PREFIX}{job_id}"
+
+
+def parse_reserved_jobs(text: str) -> list[ReservedJob]:
+    """`squeue -h -R NAME -o %i|%T|%N` (user data: a line that is not three fields, or
+    whose host list does not parse, is skipped or read without nodes)."""
+    found = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3 or not parts[0] or not parts[1]:
+            continue
+        try:
+            nodes = tuple(expand_hostlist(parts[2])) if parts[2] else ()
+        except ValueError:
+            nodes = ()
+        found.append(ReservedJob(parts[0], parts[1], nodes))
+    return found
 
 
 def parse_reservations(text: str) -> dict[str, tuple[str, ...]]:
@@ -88,6 +133,33 @@ class SparesSlurm(SweepSlurm):
 
     def move_job(self, job_id: str, reservation: str) -> None:
         self._run("scontrol", "update", f"jobid={job_id}", f"reservationname={reservation}")
+
+    def reservation_jobs(self, name: str) -> list[ReservedJob]:
+        """Jobs not yet finished in reservation `name` (22.05's `squeue --json` ignores -R)."""
+        return parse_reserved_jobs(self._run("squeue", "-h", "-R", name, "-o", "%i|%T|%N"))
+
+    def unbind(self, job_id: str) -> None:
+        """Clear a job's reservation (an admin may, pending or running; it keeps running)."""
+        self._run("scontrol", "update", f"jobid={job_id}", "reservationname=")
+
+    def cancel(self, job_id: str) -> None:
+        self._run("scancel", job_id)
+
+
+@dataclass(frozen=True)
+class OpenHandOver:
+    """A hand-over this daemon recorded whose reservation was neither released nor given
+    back: the last event of kind "spare" for that reservation."""
+
+    job_id: str
+    spare: str
+    reservation: str
+    action: str  # HANDING, HANDED or FAILED
+    at: dt.datetime  # when that event was recorded
+
+
+# node -> when (time.monotonic) its daemon looks at the store for open hand-overs next
+_next_look: dict[str, float] = {}
 
 
 @dataclass(frozen=True)
@@ -145,7 +217,9 @@ class SparePool:
         if not decision.node:
             return HandOver(job_id, "", decision.why)
         spare, name = decision.node, job_reservation(job_id)
-        evidence = {"job_id": job_id, "key": key, "spare": spare, "reservation": name}
+        evidence = {"job_id": job_id, "key": key, "spare": spare, "reservation": name,
+                    "by": self.node, "actor": ACTOR}  # fmt: skip
+        _next_look[self.node] = 0.0  # tended from the next loop on
         # The intent first: answered again after a crash, this job gets no second spare.
         self._event(spare, Severity.INFO, f"handing {spare} to job {job_id}", action=HANDING,
                     **evidence)  # fmt: skip
@@ -159,7 +233,7 @@ class SparePool:
                 spare,
                 self.settings.hold_days * 24 * 60,
                 user,
-                flags=("FLEX", "OVERLAP", f"PURGE_COMP={purge}"),
+                flags=("FLEX", "OVERLAP", "NO_HOLD_JOBS_AFTER", f"PURGE_COMP={purge}"),
             )
             self.slurm.move_job(job_id, name)
             self._take_out_of_pool(spare)
@@ -202,6 +276,82 @@ class SparePool:
         if decision.node and not user:
             return SpareDecision("", f"job {job_id} not found: not handed"), "", old
         return decision, user, old
+
+    # ---- bound to the run -----------------------------------------------------------------
+
+    def open_handovers(self) -> list[OpenHandOver]:
+        """Hand-overs this daemon recorded (`by`) that are not released nor given back."""
+        since = dt.datetime.now(dt.UTC) - HANDED_LOOKBACK
+        last: dict[str, OpenHandOver] = {}
+        for e in self.store.events(since=since, kind=EVENT_KIND):  # newest first
+            name = str(e.evidence.get("reservation") or "")
+            if not name.startswith(JOB_RESERVATION_PREFIX) or name in last:
+                continue
+            if e.evidence.get("action") == REFUSED_JOB:  # not a step of the hand-over itself
+                continue
+            last[name] = OpenHandOver(str(e.evidence.get("job_id") or ""),
+                                      str(e.evidence.get("spare") or e.node), name,
+                                      str(e.evidence.get("action") or ""), e.at)  # fmt: skip
+            if e.evidence.get("by") != self.node:
+                last[name] = OpenHandOver("", "", name, "", e.at)  # another daemon's
+        return [h for h in last.values() if h.job_id and h.action in OPEN_ACTIONS]
+
+    def tend(self) -> list[SpareTending]:
+        """Each open hand-over of this daemon, as `decide_spare_tending` says: other jobs
+        refused, the reservation released once the bound job runs, or given back once the
+        bound job is not in it. The store is read every loop while one is open, else every
+        IDLE_LOOK_SECONDS. Never raises SlurmError: the next loop tries again."""
+        if time.monotonic() < _next_look.get(self.node, 0.0):
+            return []
+        try:
+            handovers = self.open_handovers()
+        except Exception as exc:  # the store down: the next look is a minute away
+            log.warning("%s: open hand-overs not read: %s", self.node, exc)
+            handovers = []
+        _next_look[self.node] = 0.0 if handovers else time.monotonic() + IDLE_LOOK_SECONDS
+        done = []
+        for handover in handovers:
+            try:
+                done.append(self._tend_one(handover))
+            except SlurmError as exc:
+                log.warning("%s: tending %s failed: %s", self.node, handover.reservation, exc)
+        return done
+
+    def _tend_one(self, h: OpenHandOver) -> SpareTending:
+        evidence = {"job_id": h.job_id, "spare": h.spare, "reservation": h.reservation,
+                    "by": self.node, "actor": ACTOR}  # fmt: skip
+        if not self.slurm.reservation_exists(h.reservation):
+            gone = SpareTending((), (), False, f"{h.reservation} is gone (purged by Slurm)")
+            self._event(h.spare, Severity.INFO, f"spare {h.spare} given back: {gone.why}",
+                        action=GIVEN_BACK, **evidence)  # fmt: skip
+            return gone
+        moved = h.action != HANDING or dt.datetime.now(dt.UTC) - h.at > MOVE_GRACE
+        jobs = self.slurm.reservation_jobs(h.reservation)
+        decision = decide_spare_tending(h.job_id, h.spare, jobs, moved=moved)
+        # Requeued before it is cleared: a crash in between leaves it pending in the
+        # reservation (cleared at the next loop), never running on the spare unseen.
+        for job_id in decision.requeue:
+            note = "requeued"
+            try:
+                self.slurm.requeue(job_id)
+            except SlurmError as exc:  # --no-requeue: it may not keep the spare either
+                self.slurm.cancel(job_id)
+                note = f"cancelled (not requeued: {exc})"
+            self._event(h.spare, Severity.WARN, f"job {job_id} refused on spare {h.spare},"
+                        f" handed to job {h.job_id}: {note}", action=REFUSED_JOB,
+                        **{**evidence, "refused": job_id})  # fmt: skip
+        for job_id in decision.unbind:
+            self.slurm.unbind(job_id)
+            if job_id != h.job_id and job_id not in decision.requeue:
+                self._event(h.spare, Severity.WARN, f"job {job_id} refused on spare {h.spare},"
+                            f" handed to job {h.job_id}: cleared of {h.reservation}",
+                            action=REFUSED_JOB, **{**evidence, "refused": job_id})  # fmt: skip
+        if decision.delete:
+            self.slurm.delete_reservation(h.reservation)
+            action = RELEASED if h.job_id in decision.unbind else GIVEN_BACK
+            self._event(h.spare, Severity.INFO, f"spare {h.spare}: {decision.why}",
+                        action=action, **evidence)  # fmt: skip
+        return decision
 
     def _take_out_of_pool(self, spare: str) -> None:
         name = self.settings.reservation

@@ -5,11 +5,12 @@ tests/test_spares_lab.py)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medic_core.settings import SpareSettings
@@ -17,15 +18,20 @@ from medic_core.slurm import JobInfo, NodeInfo, SlurmError
 from medic_core.status import Status
 from medic_core.store import Severity, Store, open_store
 from medic_core.vocabulary import Finding, Recommendation
-from remediation.decide import decide_spare, spare_key
+from remediation import spares as spares_module
+from remediation.decide import ReservedJob, decide_spare, decide_spare_tending, spare_key
 from remediation.spares import (
     FAILED,
+    GIVEN_BACK,
     HANDED,
     HANDING,
     JOINED,
+    REFUSED_JOB,
+    RELEASED,
     SparePool,
     job_reservation,
     parse_reservations,
+    parse_reserved_jobs,
 )
 from tests.test_ladder_unit import XID_95, World, template_db  # noqa: F401 (a fixture)
 from tests.test_ladder_unit import world as world  # the fixture
@@ -128,6 +134,9 @@ class FakeSlurm:
         self.table = {n.name: n for n in nodes}
         self.job_table = {j.job_id: j for j in jobs}
         self.held: dict[str, tuple[str, ...]] = {}
+        # reservation -> the jobs Slurm shows in it (what `squeue -R` lists)
+        self.in_res: dict[str, dict[str, ReservedJob]] = {}
+        self.not_requeueable: set[str] = set()
         self.calls: list[tuple[str, ...]] = []
         self.fail: set[str] = set()
 
@@ -160,10 +169,38 @@ class FakeSlurm:
 
     def delete_reservation(self, name: str) -> bool:
         self._call("delete", name)
+        if self.in_res.get(name):  # Slurm: "Requested reservation is in use"
+            raise SlurmError(f"cannot give back {name}: Requested reservation is in use")
         return self.held.pop(name, None) is not None
 
     def move_job(self, job_id: str, reservation: str) -> None:
         self._call("move", job_id, reservation)
+        self.in_res.setdefault(reservation, {})[job_id] = ReservedJob(job_id, "PENDING", ())
+
+    def reservation_exists(self, name: str) -> bool:
+        return name in self.held
+
+    def reservation_jobs(self, name: str) -> list[ReservedJob]:
+        return list(self.in_res.get(name, {}).values())
+
+    def unbind(self, job_id: str) -> None:
+        self._call("unbind", job_id)
+        for jobs in self.in_res.values():
+            jobs.pop(job_id, None)
+
+    def requeue(self, job_id: str) -> None:
+        if job_id in self.not_requeueable:
+            self._call("requeue", job_id)
+            raise SlurmError(f"scontrol requeue {job_id}: Requeue of job is disabled")
+        self._call("requeue", job_id)
+        for jobs in self.in_res.values():
+            if job_id in jobs:
+                jobs[job_id] = ReservedJob(job_id, "PENDING", ())
+
+    def cancel(self, job_id: str) -> None:
+        self._call("cancel", job_id)
+        for jobs in self.in_res.values():
+            jobs.pop(job_id, None)
 
     def resume(self, name: str) -> None:
         self._call("resume", name)
@@ -213,7 +250,13 @@ def test_hand_over_takes_the_spare_out_of_the_pool_into_the_jobs_reservation(
     assert (handed.node, handed.reservation) == ("n5", job_reservation("4"))
     assert slurm.calls == [
         # The job's reservation while the spare is still in the pool: never in neither.
-        ("create", "medic-spare-4", "n5", "alice", "FLEX,OVERLAP,PURGE_COMP=00:01:00"),
+        (
+            "create",
+            "medic-spare-4",
+            "n5",
+            "alice",
+            "FLEX,OVERLAP,NO_HOLD_JOBS_AFTER,PURGE_COMP=00:01:00",
+        ),
         ("move", "4", "medic-spare-4"),
         ("delete", "medic-spares"),  # its last spare: the pool's reservation goes
     ]
@@ -373,3 +416,253 @@ def test_a_pool_that_does_not_take_the_node_leaves_the_usual_give_back(world: Wo
     world.daemon("n1").spares = lambda: ""
     assert world.run("n1").state == "resolved"
     assert len(world.slurm.called("resume", "n1")) == 1
+
+
+# --- a handed spare, bound to its run ---------------------------------------------------------
+
+BOUND = "4"
+RES = job_reservation(BOUND)
+
+
+def rj(job_id: str, state: str = "PENDING", nodes: tuple[str, ...] = ()) -> ReservedJob:
+    return ReservedJob(job_id, state, nodes)
+
+
+def test_a_bound_job_waiting_keeps_its_spare() -> None:
+    got = decide_spare_tending(BOUND, "n5", [rj(BOUND)], moved=True)
+    assert got == type(got)((), (), False, "job 4 waits for n5")
+
+
+def test_the_bound_job_running_on_the_spare_releases_the_reservation() -> None:
+    got = decide_spare_tending(BOUND, "n5", [rj(BOUND, "RUNNING", ("n5",))], moved=True)
+    assert (got.requeue, got.unbind, got.delete) == ((), (BOUND,), True)
+    assert "allocation holds it" in got.why
+    flex = decide_spare_tending(BOUND, "n5", [rj(BOUND, "RUNNING", ("n2",))], moved=True)
+    assert flex.delete and "without n5: given back" in flex.why
+
+
+def test_other_jobs_in_the_reservation_are_refused() -> None:
+    jobs = [rj(BOUND), rj("9", "RUNNING", ("n5",)), rj("10")]
+    got = decide_spare_tending(BOUND, "n5", jobs, moved=True)
+    assert got.requeue == ("9",) and got.unbind == ("9", "10") and not got.delete
+    assert "2 other job(s) refused" in got.why
+
+
+def test_a_bound_job_not_in_it_gives_the_spare_back_once_the_move_had_its_time() -> None:
+    assert not decide_spare_tending(BOUND, "n5", [], moved=False).delete
+    got = decide_spare_tending(BOUND, "n5", [], moved=True)
+    assert got.delete and "given back" in got.why
+
+
+JOB_STATES = st.sampled_from(["PENDING", "RUNNING", "COMPLETING", "SUSPENDED"])
+IN_RESERVATION = st.lists(
+    st.builds(
+        rj,
+        st.sampled_from([BOUND, "5", "6", "7"]),
+        JOB_STATES,
+        st.sampled_from([(), ("n5",), ("n2", "n5")]),
+    ),
+    max_size=4,
+    unique_by=lambda j: j.job_id,
+)
+
+
+@given(IN_RESERVATION, st.booleans())
+def test_tending_invariants(jobs: list[ReservedJob], moved: bool) -> None:
+    """Only the bound job may stay in the reservation; a job running on the spare that is
+    not the bound one is requeued; the bound job is never requeued, and the reservation
+    goes only once it is out of it (running) or not in it at all."""
+    got = decide_spare_tending(BOUND, "n5", jobs, moved=moved)
+    others = {j.job_id for j in jobs if j.job_id != BOUND}
+    assert others <= set(got.unbind)
+    assert {j.job_id for j in jobs if j.job_id != BOUND and j.state != "PENDING"} == set(
+        got.requeue
+    )
+    assert BOUND not in got.requeue
+    bound = next((j for j in jobs if j.job_id == BOUND), None)
+    if got.delete:
+        assert (bound is None and moved) or (bound is not None and BOUND in got.unbind)
+    if bound is not None:
+        assert got.delete == (bound.state != "PENDING")
+    assert got.why
+
+
+def test_reserved_jobs_parse() -> None:
+    shown = (
+        "4|RUNNING|n5\n9|PENDING|\n10|RUNNING|n[2,5]\nodd line\n|RUNNING|n1\n11|X|n[1-9999999999]\n"
+    )
+    assert parse_reserved_jobs(shown) == [
+        rj("4", "RUNNING", ("n5",)),
+        rj("9"),
+        rj("10", "RUNNING", ("n2", "n5")),
+        rj("11", "X", ()),
+    ]
+
+
+@pytest.fixture(autouse=True)
+def fresh_looks() -> Iterator[None]:
+    spares_module._next_look.clear()
+    yield
+    spares_module._next_look.clear()
+
+
+def handed_lab(store: Store) -> FakeSlurm:
+    slurm = busy_lab()
+    assert pool(slurm, store).hand_over(BOUND, 0).node == "n5"
+    slurm.calls.clear()
+    return slurm
+
+
+def start(slurm: FakeSlurm, job_id: str, nodes: tuple[str, ...] = ("n5",)) -> None:
+    slurm.in_res.setdefault(RES, {})[job_id] = rj(job_id, "RUNNING", nodes)
+
+
+def test_the_spare_is_released_once_its_run_runs_and_nothing_names_it_after(
+    store: Store,
+) -> None:
+    slurm = handed_lab(store)
+    spares = pool(slurm, store)
+    assert [t.delete for t in spares.tend()] == [False]  # waiting: kept
+    assert slurm.calls == []
+    start(slurm, BOUND)
+    [done] = spares.tend()
+    assert done.delete and slurm.calls == [("unbind", BOUND), ("delete", RES)]
+    assert RES not in slurm.held
+    assert spare_events(store)[-1] == RELEASED
+    [released] = [e for e in store.events(kind="spare") if e.evidence["action"] == RELEASED]
+    assert released.evidence["by"] == "n1" and released.evidence["actor"] == "daemon"
+    assert released.target == f"job:{BOUND}"
+    slurm.calls.clear()
+    spares_module._next_look.clear()
+    assert spares.tend() == [] and slurm.calls == []  # closed: not tended again
+
+
+def test_the_users_second_job_on_the_spare_is_requeued_off_it(store: Store) -> None:
+    slurm = handed_lab(store)
+    start(slurm, "9")  # the same user named the reservation and got in first
+    slurm.in_res[RES]["10"] = rj("10")  # and another waits in it
+    [done] = pool(slurm, store).tend()
+    assert not done.delete  # the bound job still waits for the spare
+    assert slurm.calls == [("requeue", "9"), ("unbind", "9"), ("unbind", "10")]
+    assert list(slurm.in_res[RES]) == [BOUND]
+    refused = [e for e in store.events(kind="spare") if e.evidence["action"] == REFUSED_JOB]
+    assert sorted(str(e.evidence["refused"]) for e in refused) == ["10", "9"]
+    assert all(e.evidence["job_id"] == BOUND and e.node == "n5" for e in refused)
+
+
+def test_a_job_that_may_not_be_requeued_is_cancelled_off_the_spare(store: Store) -> None:
+    slurm = handed_lab(store)
+    start(slurm, "9")
+    slurm.not_requeueable.add("9")
+    pool(slurm, store).tend()
+    assert slurm.calls[:2] == [("requeue", "9"), ("cancel", "9")]
+    [refused] = [e for e in store.events(kind="spare") if e.evidence["action"] == REFUSED_JOB]
+    assert "cancelled" in refused.message
+
+
+def test_a_bound_job_that_left_without_running_gives_the_spare_back(store: Store) -> None:
+    slurm = handed_lab(store)
+    del slurm.in_res[RES][BOUND]  # cancelled by its user while it waited
+    [done] = pool(slurm, store).tend()
+    assert done.delete and slurm.calls == [("delete", RES)]
+    assert spare_events(store)[-1] == GIVEN_BACK
+
+
+def test_a_reservation_slurm_purged_is_recorded_as_given_back_once(store: Store) -> None:
+    slurm = handed_lab(store)
+    del slurm.held[RES]
+    spares = pool(slurm, store)
+    [gone] = spares.tend()
+    assert "purged" in gone.why and spare_events(store)[-1] == GIVEN_BACK
+    spares_module._next_look.clear()
+    assert spares.tend() == []
+
+
+def test_a_crash_mid_hand_over_gives_the_spare_back_after_the_move_grace(store: Store) -> None:
+    """The intent and the reservation were made, the daemon died before moving the job."""
+    slurm = busy_lab()
+    slurm.held[RES] = ("n5",)
+    recorded = dt.datetime.now(dt.UTC) - spares_module.MOVE_GRACE / 2
+    store.add_event(node="n5", at=recorded, kind="spare", severity=Severity.INFO,
+                    source="spares", message="handing", target=f"job:{BOUND}",
+                    evidence={"action": HANDING, "job_id": BOUND, "spare": "n5",
+                              "reservation": RES, "by": "n1"})  # fmt: skip
+    spares = pool(slurm, store)
+    assert [t.delete for t in spares.tend()] == [False]  # maybe still moving it
+    store.add_event(node="n5", at=recorded - spares_module.MOVE_GRACE, kind="spare",
+                    severity=Severity.INFO, source="spares", message="handing",
+                    target="job:8", evidence={"action": HANDING, "job_id": "8", "spare": "n6",
+                    "reservation": job_reservation("8"), "by": "n1"})  # fmt: skip
+    slurm.held[job_reservation("8")] = ("n6",)
+    done = {t.why for t in spares.tend()}
+    assert any("job 8 is not in it" in why for why in done)
+    assert job_reservation("8") not in slurm.held and RES in slurm.held
+
+
+def test_a_daemon_tends_only_the_hand_overs_it_made(store: Store) -> None:
+    slurm = handed_lab(store)  # handed by n1's daemon
+    start(slurm, BOUND)
+    assert pool(slurm, store, at="n2").tend() == []
+    assert slurm.calls == [] and RES in slurm.held
+
+
+def test_slurm_failing_while_tending_is_tried_again_at_the_next_loop(store: Store) -> None:
+    slurm = handed_lab(store)
+    start(slurm, BOUND)
+    slurm.fail.add("unbind")
+    assert pool(slurm, store).tend() == []
+    slurm.fail.clear()
+    [done] = pool(slurm, store).tend()
+    assert done.delete and RES not in slurm.held
+
+
+def test_an_idle_daemon_reads_the_store_once_a_minute(store: Store) -> None:
+    slurm = busy_lab()
+    spares = pool(slurm, store)
+    reads: list[int] = []
+    real = store.events
+
+    def counted(*args: object, **kwargs: object) -> object:
+        reads.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.events = counted  # type: ignore[method-assign]
+    spares.tend()
+    spares.tend()
+    assert len(reads) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["intruder_waits", "intruder_runs", "bound_runs",
+                                 "bound_ends", "tend"]), max_size=12))  # fmt: skip
+def test_model_no_other_job_keeps_the_spare(tmp_path_factory: pytest.TempPathFactory,
+                                            steps: list[str]) -> None:  # fmt: skip
+    """Any order of the user's other jobs entering, the bound job starting and ending, and
+    the daemon's loops: after a loop no job but the bound one is in the reservation, and
+    once the bound job ran (or left), the reservation is gone."""
+    spares_module._next_look.clear()
+    db = tmp_path_factory.mktemp("model") / "medic.db"
+    with open_store(f"sqlite:///{db}") as store:
+        slurm = handed_lab(store)
+        spares = pool(slurm, store)
+        intruders = iter(str(n) for n in range(100, 200))
+        for step in [*steps, "tend"]:
+            jobs = slurm.in_res.get(RES, {})
+            if RES not in slurm.held:  # gone: nothing can name it any more
+                assert step == "tend" or not jobs
+                continue
+            if step == "intruder_waits":
+                waiting = next(intruders)
+                jobs[waiting] = rj(waiting)
+            elif step == "intruder_runs":
+                start(slurm, next(intruders))
+            elif step == "bound_runs" and BOUND in jobs:
+                start(slurm, BOUND)
+            elif step == "bound_ends":
+                jobs.pop(BOUND, None)
+            elif step == "tend":
+                spares.tend()
+                left = slurm.in_res.get(RES, {})
+                assert set(left) <= {BOUND}
+                if RES in slurm.held:
+                    assert left.get(BOUND, rj(BOUND)).state == "PENDING"
