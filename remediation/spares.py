@@ -14,8 +14,8 @@ still waiting in it when it goes is not held) and PURGE_COMP (Slurm deletes it i
 in it for `purge_after` seconds: a hand-over a crash cut short); the job is moved into it.
 No other job of the queue can take the spare, whatever its priority.
 
-Bound to the run (`SparePool.tend`, the handing daemon's ladder thread, every loop while a
-hand-over it recorded is open): Slurm admits a reservation's jobs by user, account or
+Bound to the run (`SparePool.tend`, the spare's own daemon's ladder thread, every loop while
+the spare is in the pool or handed): Slurm admits a reservation's jobs by user, account or
 group, never by job, so the reservation names the job's user and Medic refuses the rest
 (`remediation.decide.decide_spare_tending`): another job in it (the user's, naming it) is
 requeued off the spare if it runs and cleared of the reservation. Once the bound job runs,
@@ -67,7 +67,7 @@ HANDING, HANDED, FAILED, JOINED = "handing", "handed", "failed", "joined"
 # found in it (refused: requeued off the spare and cleared of the reservation).
 RELEASED, GIVEN_BACK, REFUSED_JOB = "released", "given_back", "refused_job"
 OPEN_ACTIONS = frozenset({HANDING, HANDED, FAILED})
-ACTOR = "daemon"  # the handing node's medic-healthd, named in each event's `by`
+ACTOR = "daemon"  # a node's medic-healthd, named in each event's `by`
 # A hand-over recorded as started may still be moving the job into its reservation.
 MOVE_GRACE = dt.timedelta(seconds=60)
 # How often a daemon with no open hand-over looks at the store again (a restart looks at
@@ -219,7 +219,6 @@ class SparePool:
         spare, name = decision.node, job_reservation(job_id)
         evidence = {"job_id": job_id, "key": key, "spare": spare, "reservation": name,
                     "by": self.node, "actor": ACTOR}  # fmt: skip
-        _next_look[self.node] = 0.0  # tended from the next loop on
         # The intent first: answered again after a crash, this job gets no second spare.
         self._event(spare, Severity.INFO, f"handing {spare} to job {job_id}", action=HANDING,
                     **evidence)  # fmt: skip
@@ -279,36 +278,39 @@ class SparePool:
 
     # ---- bound to the run -----------------------------------------------------------------
 
-    def open_handovers(self) -> list[OpenHandOver]:
-        """Hand-overs this daemon recorded (`by`) that are not released nor given back."""
+    def open_handovers(self) -> tuple[list[OpenHandOver], bool]:
+        """Hand-overs of this daemon's node (the spare) neither released nor given back,
+        and whether the node may be handed any moment (its last spare event: it joined)."""
         since = dt.datetime.now(dt.UTC) - HANDED_LOOKBACK
         last: dict[str, OpenHandOver] = {}
-        for e in self.store.events(since=since, kind=EVENT_KIND):  # newest first
+        events = self.store.events(node=self.node, since=since, kind=EVENT_KIND)
+        in_pool = bool(events) and events[0].evidence.get("action") == JOINED  # newest first
+        for e in events:
             name = str(e.evidence.get("reservation") or "")
             if not name.startswith(JOB_RESERVATION_PREFIX) or name in last:
                 continue
             if e.evidence.get("action") == REFUSED_JOB:  # not a step of the hand-over itself
                 continue
-            last[name] = OpenHandOver(str(e.evidence.get("job_id") or ""),
-                                      str(e.evidence.get("spare") or e.node), name,
+            last[name] = OpenHandOver(str(e.evidence.get("job_id") or ""), self.node, name,
                                       str(e.evidence.get("action") or ""), e.at)  # fmt: skip
-            if e.evidence.get("by") != self.node:
-                last[name] = OpenHandOver("", "", name, "", e.at)  # another daemon's
-        return [h for h in last.values() if h.job_id and h.action in OPEN_ACTIONS]
+        return [h for h in last.values() if h.job_id and h.action in OPEN_ACTIONS], in_pool
 
     def tend(self) -> list[SpareTending]:
-        """Each open hand-over of this daemon, as `decide_spare_tending` says: other jobs
-        refused, the reservation released once the bound job runs, or given back once the
-        bound job is not in it. The store is read every loop while one is open, else every
-        IDLE_LOOK_SECONDS. Never raises SlurmError: the next loop tries again."""
+        """Each open hand-over of this node, the spare, by its own daemon (healthy, and idle
+        while the faulty node's daemon repairs or reboots), as `decide_spare_tending` says:
+        other jobs refused, the reservation released once the bound job runs, or given back
+        once the bound job is not in it. The store is read every loop while the node is in
+        the pool or handed, else every IDLE_LOOK_SECONDS (and at once after a restart).
+        Never raises SlurmError: the next loop tries again."""
         if time.monotonic() < _next_look.get(self.node, 0.0):
             return []
         try:
-            handovers = self.open_handovers()
+            handovers, in_pool = self.open_handovers()
         except Exception as exc:  # the store down: the next look is a minute away
             log.warning("%s: open hand-overs not read: %s", self.node, exc)
-            handovers = []
-        _next_look[self.node] = 0.0 if handovers else time.monotonic() + IDLE_LOOK_SECONDS
+            handovers, in_pool = [], False
+        watch = handovers or in_pool
+        _next_look[self.node] = 0.0 if watch else time.monotonic() + IDLE_LOOK_SECONDS
         done = []
         for handover in handovers:
             try:
@@ -335,8 +337,12 @@ class SparePool:
             try:
                 self.slurm.requeue(job_id)
             except SlurmError as exc:  # --no-requeue: it may not keep the spare either
-                self.slurm.cancel(job_id)
-                note = f"cancelled (not requeued: {exc})"
+                still = self.slurm.reservation_jobs(h.reservation)
+                if any(j.job_id == job_id and j.state != "PENDING" for j in still):
+                    self.slurm.cancel(job_id)
+                    note = f"cancelled (not requeued: {exc})"
+                else:
+                    note = "left the spare meanwhile"
             self._event(h.spare, Severity.WARN, f"job {job_id} refused on spare {h.spare},"
                         f" handed to job {h.job_id}: {note}", action=REFUSED_JOB,
                         **{**evidence, "refused": job_id})  # fmt: skip
@@ -404,6 +410,7 @@ class SparePool:
         self._event(node, Severity.INFO, f"{node} joined the spare pool {name} after the deep"
                     f" tier ({len(pool) + 1}/{self.settings.size}); {outcome}", action=JOINED,
                     pool=[*pool, node])  # fmt: skip
+        _next_look[node] = 0.0  # may be handed from now on: watched every loop
         return f"joined the spare pool {name}; {outcome}"
 
 

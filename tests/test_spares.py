@@ -521,7 +521,7 @@ def test_the_spare_is_released_once_its_run_runs_and_nothing_names_it_after(
     store: Store,
 ) -> None:
     slurm = handed_lab(store)
-    spares = pool(slurm, store)
+    spares = pool(slurm, store, at="n5")
     assert [t.delete for t in spares.tend()] == [False]  # waiting: kept
     assert slurm.calls == []
     start(slurm, BOUND)
@@ -530,7 +530,7 @@ def test_the_spare_is_released_once_its_run_runs_and_nothing_names_it_after(
     assert RES not in slurm.held
     assert spare_events(store)[-1] == RELEASED
     [released] = [e for e in store.events(kind="spare") if e.evidence["action"] == RELEASED]
-    assert released.evidence["by"] == "n1" and released.evidence["actor"] == "daemon"
+    assert released.evidence["by"] == "n5" and released.evidence["actor"] == "daemon"
     assert released.target == f"job:{BOUND}"
     slurm.calls.clear()
     spares_module._next_look.clear()
@@ -541,7 +541,7 @@ def test_the_users_second_job_on_the_spare_is_requeued_off_it(store: Store) -> N
     slurm = handed_lab(store)
     start(slurm, "9")  # the same user named the reservation and got in first
     slurm.in_res[RES]["10"] = rj("10")  # and another waits in it
-    [done] = pool(slurm, store).tend()
+    [done] = pool(slurm, store, at="n5").tend()
     assert not done.delete  # the bound job still waits for the spare
     assert slurm.calls == [("requeue", "9"), ("unbind", "9"), ("unbind", "10")]
     assert list(slurm.in_res[RES]) == [BOUND]
@@ -554,8 +554,9 @@ def test_a_job_that_may_not_be_requeued_is_cancelled_off_the_spare(store: Store)
     slurm = handed_lab(store)
     start(slurm, "9")
     slurm.not_requeueable.add("9")
-    pool(slurm, store).tend()
+    pool(slurm, store, at="n5").tend()
     assert slurm.calls[:2] == [("requeue", "9"), ("cancel", "9")]
+    assert "9" not in slurm.in_res[RES]
     [refused] = [e for e in store.events(kind="spare") if e.evidence["action"] == REFUSED_JOB]
     assert "cancelled" in refused.message
 
@@ -563,7 +564,7 @@ def test_a_job_that_may_not_be_requeued_is_cancelled_off_the_spare(store: Store)
 def test_a_bound_job_that_left_without_running_gives_the_spare_back(store: Store) -> None:
     slurm = handed_lab(store)
     del slurm.in_res[RES][BOUND]  # cancelled by its user while it waited
-    [done] = pool(slurm, store).tend()
+    [done] = pool(slurm, store, at="n5").tend()
     assert done.delete and slurm.calls == [("delete", RES)]
     assert spare_events(store)[-1] == GIVEN_BACK
 
@@ -571,54 +572,62 @@ def test_a_bound_job_that_left_without_running_gives_the_spare_back(store: Store
 def test_a_reservation_slurm_purged_is_recorded_as_given_back_once(store: Store) -> None:
     slurm = handed_lab(store)
     del slurm.held[RES]
-    spares = pool(slurm, store)
+    spares = pool(slurm, store, at="n5")
     [gone] = spares.tend()
     assert "purged" in gone.why and spare_events(store)[-1] == GIVEN_BACK
     spares_module._next_look.clear()
     assert spares.tend() == []
 
 
-def test_a_crash_mid_hand_over_gives_the_spare_back_after_the_move_grace(store: Store) -> None:
-    """The intent and the reservation were made, the daemon died before moving the job."""
+def handing_recorded(store: Store, ago: dt.timedelta) -> None:
+    """The hand-over's intent, recorded `ago` by the faulty node's daemon (n1)."""
+    store.add_event(node="n5", at=dt.datetime.now(dt.UTC) - ago, kind="spare",
+                    severity=Severity.INFO, source="spares", message="handing",
+                    target=f"job:{BOUND}", evidence={"action": HANDING, "job_id": BOUND,
+                    "spare": "n5", "reservation": RES, "by": "n1"})  # fmt: skip
+
+
+def test_a_hand_over_under_way_is_left_to_move_its_job(store: Store) -> None:
     slurm = busy_lab()
     slurm.held[RES] = ("n5",)
-    recorded = dt.datetime.now(dt.UTC) - spares_module.MOVE_GRACE / 2
-    store.add_event(node="n5", at=recorded, kind="spare", severity=Severity.INFO,
-                    source="spares", message="handing", target=f"job:{BOUND}",
-                    evidence={"action": HANDING, "job_id": BOUND, "spare": "n5",
-                              "reservation": RES, "by": "n1"})  # fmt: skip
-    spares = pool(slurm, store)
-    assert [t.delete for t in spares.tend()] == [False]  # maybe still moving it
-    store.add_event(node="n5", at=recorded - spares_module.MOVE_GRACE, kind="spare",
-                    severity=Severity.INFO, source="spares", message="handing",
-                    target="job:8", evidence={"action": HANDING, "job_id": "8", "spare": "n6",
-                    "reservation": job_reservation("8"), "by": "n1"})  # fmt: skip
-    slurm.held[job_reservation("8")] = ("n6",)
-    done = {t.why for t in spares.tend()}
-    assert any("job 8 is not in it" in why for why in done)
-    assert job_reservation("8") not in slurm.held and RES in slurm.held
+    handing_recorded(store, spares_module.MOVE_GRACE / 2)
+    [kept] = pool(slurm, store, at="n5").tend()
+    assert not kept.delete and "being moved in" in kept.why and slurm.calls == []
 
 
-def test_a_daemon_tends_only_the_hand_overs_it_made(store: Store) -> None:
-    slurm = handed_lab(store)  # handed by n1's daemon
+def test_a_crash_mid_hand_over_gives_the_spare_back_after_the_move_grace(store: Store) -> None:
+    """The intent and the reservation were made, the faulty node's daemon died before
+    moving the job: the spare's daemon deletes the reservation."""
+    slurm = busy_lab()
+    slurm.held[RES] = ("n5",)
+    handing_recorded(store, spares_module.MOVE_GRACE * 2)
+    [done] = pool(slurm, store, at="n5").tend()
+    assert done.delete and "never moved" in done.why
+    assert RES not in slurm.held and spare_events(store)[-1] == GIVEN_BACK
+
+
+def test_only_the_spares_own_daemon_tends_it(store: Store) -> None:
+    slurm = handed_lab(store)  # handed by n1's daemon, which may be rebooting now
     start(slurm, BOUND)
+    assert pool(slurm, store, at="n1").tend() == []
     assert pool(slurm, store, at="n2").tend() == []
     assert slurm.calls == [] and RES in slurm.held
+    assert pool(slurm, store, at="n5").tend()[0].delete
 
 
 def test_slurm_failing_while_tending_is_tried_again_at_the_next_loop(store: Store) -> None:
     slurm = handed_lab(store)
     start(slurm, BOUND)
     slurm.fail.add("unbind")
-    assert pool(slurm, store).tend() == []
+    assert pool(slurm, store, at="n5").tend() == []
     slurm.fail.clear()
-    [done] = pool(slurm, store).tend()
+    [done] = pool(slurm, store, at="n5").tend()
     assert done.delete and RES not in slurm.held
 
 
 def test_an_idle_daemon_reads_the_store_once_a_minute(store: Store) -> None:
     slurm = busy_lab()
-    spares = pool(slurm, store)
+    spares = pool(slurm, store, at="n2")
     reads: list[int] = []
     real = store.events
 
@@ -630,6 +639,11 @@ def test_an_idle_daemon_reads_the_store_once_a_minute(store: Store) -> None:
     spares.tend()
     spares.tend()
     assert len(reads) == 1
+    # A node in the pool may be handed any moment: its daemon looks every loop.
+    assert pool(busy_lab(), store, at="n2", size=2).join("n2", lambda: DEEP_PASS)
+    spares.tend()
+    spares.tend()
+    assert len(reads) == 3
 
 
 @settings(max_examples=60, deadline=None)
@@ -644,7 +658,7 @@ def test_model_no_other_job_keeps_the_spare(tmp_path_factory: pytest.TempPathFac
     db = tmp_path_factory.mktemp("model") / "medic.db"
     with open_store(f"sqlite:///{db}") as store:
         slurm = handed_lab(store)
-        spares = pool(slurm, store)
+        spares = pool(slurm, store, at="n5")
         intruders = iter(str(n) for n in range(100, 200))
         for step in [*steps, "tend"]:
             jobs = slurm.in_res.get(RES, {})

@@ -1,12 +1,20 @@
-"""Hot spares on the lab's real Slurm 22.05 (issue 14.4): n2-n4 busy with exclusive jobs,
-n5 the pool's spare (it joined after the deep tier through its own medic-healthd), a
-resilient job on n1 and another job waiting for any node. XID 95 on n1: the job runs again
-on n5 (its own reservation: the waiting job does not get it), and once the ladder has reset
-n1's GPU and n1 passed the deep tier, n1 refills the pool instead of returning to general
-service. bench/spares.py measures the same run against an idle cluster's requeue."""
+"""Hot spares on the lab's real Slurm 22.05 (issues 14.4 and 22.8): n2-n4 busy with exclusive
+jobs, n5 the pool's spare (it joined after the deep tier through its own medic-healthd), a
+resilient job of a user without privileges (`medic-mallory`) on n1, and another job
+waiting for any node. XID 95 on n1: the job runs again on n5 (its own reservation: the
+waiting job does not get it); the same user's second job naming that reservation is
+refused (requeued off the spare, or refused by Slurm once the reservation is gone); once
+the bound job runs, the reservation is gone and the spare is held by the run's allocation
+only, so it serves the queue again when the run ends. Once the ladder has reset n1's GPU and
+n1 passed the deep tier, n1 refills the pool instead of returning to general service.
+bench/spares.py measures the same run against an idle cluster's requeue.
+
+This module runs on tests/test_unprivileged_lab's lab (a root directory every user may
+traverse, so the user's sbatch reads slurm.conf)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +22,14 @@ import pytest
 
 from bench.spares import BUSY, SPARE, VICTIM, pool, spares_config, submit
 from cli.lab.cluster import Lab
+from medic_core import proc
 from medic_core.store import Store, open_store
 from remediation import episodes as ep
 from tests.conftest import poll
+from tests.test_unprivileged_lab import Intruder, user_env
+from tests.test_unprivileged_lab import home as home  # the fixtures
+from tests.test_unprivileged_lab import intruder as intruder
+from tests.test_unprivileged_lab import lab_session as lab_session
 
 
 @pytest.fixture
@@ -25,8 +38,32 @@ def store(lab: Lab) -> Iterator[Store]:
         yield s
 
 
-def test_a_faulted_job_runs_again_on_the_spare_and_the_repaired_node_refills_the_pool(
-    lab: Lab, store: Store, tmp_path: Path
+def sbatch_as(user: Intruder, lab: Lab, home: Path, *args: str) -> proc.CommandResult:
+    argv = user.argv("sbatch", "--parsable", f"--chdir={home}", f"--output={home}/%j.out",
+                     *args)  # fmt: skip
+    return proc.run(argv, env=user_env(lab, home), cwd=home, timeout=30)
+
+
+def squeue(lab: Lab, job_id: str) -> str:
+    """`<state> <nodes> <reservation>` of a job not yet finished ("" once it is)."""
+    out = lab.slurm(["squeue", "-h", "-j", job_id, "-o", "%T %N %v"], check=False)
+    return out.stdout.strip()
+
+
+def reservation_exists(lab: Lab, name: str) -> bool:
+    return lab.slurm(["scontrol", "show", "reservation", name], check=False).returncode == 0
+
+
+def spare_events(store: Store, action: str) -> list[dict[str, object]]:
+    return [
+        {"node": e.node, "target": e.target, "at": e.at, **e.evidence}
+        for e in store.events(kind="spare")
+        if e.evidence.get("action") == action
+    ]
+
+
+def test_a_spare_admits_only_the_run_it_was_handed_to_and_serves_the_queue_after_it(
+    lab: Lab, store: Store, tmp_path: Path, intruder: Intruder, home: Path
 ) -> None:
     conf = spares_config(lab, tmp_path / "medic.toml")
     lab.start_healthd(SPARE, config=conf)
@@ -34,29 +71,65 @@ def test_a_faulted_job_runs_again_on_the_spare_and_the_repaired_node_refills_the
     lab.start_healthd(VICTIM, config=conf)
     for name in BUSY:
         submit(lab, "--exclusive", "-N1", "-w", name, "--wrap", "sleep 600")
-    mark = f'echo "$SLURMD_NODENAME" > {tmp_path}/run-${{SLURM_RESTART_COUNT:-0}}'
-    job_id = submit(lab, "--resilient=2", "--exclusive", "-N1", "--wrap", f"{mark}; sleep 600")
-    poll("the job running", (tmp_path / "run-0").exists, timeout=30)
-    assert (tmp_path / "run-0").read_text().strip() == VICTIM  # the only node left
+    mark = f'echo "$SLURMD_NODENAME" > {home}/run-${{SLURM_RESTART_COUNT:-0}}'
+    bound = sbatch_as(intruder, lab, home, "--resilient=2", "--exclusive", "-N1", "--wrap",
+                      f"{mark}; sleep 600")  # fmt: skip
+    assert bound.returncode == 0, bound.stderr
+    job_id = bound.stdout.strip().split(";")[0]
+    poll("the job running", (home / "run-0").exists, timeout=30)
+    assert (home / "run-0").read_text().strip() == VICTIM  # the only node left
     waiting = submit(lab, "--exclusive", "-N1", "--wrap", "sleep 600")
+    name = f"medic-spare-{job_id}"
 
     lab.inject(VICTIM, 5, ["xid=95"])
-    poll("the job running again", (tmp_path / "run-1").exists, timeout=30)
-    assert (tmp_path / "run-1").read_text().strip() == SPARE
-    shown = lab.slurm(["squeue", "-h", "-j", f"{job_id},{waiting}", "-o", "%i %T %v"]).stdout
-    assert f"{job_id} RUNNING medic-spare-{job_id}" in shown
-    assert f"{waiting} PENDING" in shown  # the spare was the job's, not the queue's
-    handed = [e for e in store.events(kind="spare") if e.evidence.get("action") == "handed"]
-    assert [(e.node, e.target) for e in handed] == [(SPARE, f"job:{job_id}")]
+    # The same user, as soon as the spare's reservation exists, names it for another job.
+    deadline = time.monotonic() + 30
+    while not reservation_exists(lab, name) and not (home / "run-1").exists():
+        assert time.monotonic() < deadline, "no spare handed"
+        time.sleep(0.01)
+    other_mark = f'echo "$SLURMD_NODENAME" > {home}/other-${{SLURM_RESTART_COUNT:-0}}'
+    other = sbatch_as(intruder, lab, home, f"--reservation={name}", "--exclusive", "-N1",
+                      "--wrap", f"{other_mark}; sleep 600")  # fmt: skip
+    other_id = other.stdout.strip().split(";")[0] if other.returncode == 0 else ""
+
+    poll("the job running again", (home / "run-1").exists, timeout=30)
+    assert (home / "run-1").read_text().strip() == SPARE
+    poll("the spare's reservation released", lambda: not reservation_exists(lab, name),
+         timeout=15)  # fmt: skip
+    assert squeue(lab, job_id) == f"RUNNING {SPARE} (null)"  # the allocation holds it
+    assert squeue(lab, waiting).startswith("PENDING")  # the spare was the run's, not the queue's
+    [released] = spare_events(store, "released")
+    assert (released["node"], released["target"]) == (SPARE, f"job:{job_id}")
+    assert (released["by"], released["actor"]) == (SPARE, "daemon")  # the spare's own daemon
+    if other_id:  # accepted while the reservation existed: refused by Medic
+        poll("the other job off the spare", lambda: not squeue(lab, other_id).startswith(
+            "RUNNING"), timeout=15)  # fmt: skip
+        assert squeue(lab, other_id).endswith("(null)")  # no longer names the reservation
+        refused = spare_events(store, "refused_job")
+        assert [r["refused"] for r in refused] == [other_id]
+        assert refused[0]["job_id"] == job_id and refused[0]["actor"] == "daemon"
+    # Now the reservation is gone, nothing names the spare: Slurm refuses the same request.
+    again = sbatch_as(intruder, lab, home, f"--reservation={name}", "--exclusive", "-N1",
+                      "--wrap", "sleep 600")  # fmt: skip
+    assert again.returncode != 0 and "reservation" in again.stderr.lower(), again.stderr
+    # Whatever ran before Medic's refusal, at the end only the bound run holds the spare.
+    on_spare = lab.slurm(["squeue", "-h", "-w", SPARE, "-o", "%i"]).stdout.split()
+    assert on_spare == [job_id]
 
     # The ladder resets n1's GPU; n1 passes the deep tier and joins the pool, not the queue.
     poll("the pool refilled with n1", lambda: pool(lab) == [VICTIM], timeout=60)
     episodes = ep.EpisodeStore(store)
     poll("n1's episode resolved", lambda: episodes.find(node=VICTIM)[-1].state == ep.RESOLVED,
          timeout=10)  # fmt: skip
-    assert len(episodes.find(node=VICTIM)) == 1
     joined = [e for e in store.events(VICTIM, kind="spare") if e.evidence.get("action") == "joined"]
     assert joined and "deep tier" in joined[0].message
-    assert "DRAIN" not in next(n for n in lab.sinfo_nodes() if n["name"] == VICTIM)["state_flags"]
-    still = lab.slurm(["squeue", "-h", "-j", waiting, "-o", "%T"]).stdout.strip()
-    assert still == "PENDING"  # n1 is a spare now: the waiting job does not get it either
+
+    # The bound run ends: the spare serves the queue at once (no reservation to purge).
+    lab.slurm(["scancel", job_id])
+    poll("a queued job on the given-back spare", lambda: any(
+        j != job_id for j in lab.slurm(["squeue", "-h", "-w", SPARE, "-t", "RUNNING",
+                                        "-o", "%i"]).stdout.split()), timeout=30)  # fmt: skip
+    assert not [r for r in pool(lab) if r == SPARE]
+    for job in [waiting, other_id]:
+        if job:
+            lab.slurm(["scancel", job])
