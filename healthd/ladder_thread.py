@@ -94,6 +94,7 @@ class LadderThread:
         self.hangs: HangWatch | None = None  # the progress watch (attach_ladder sets it)
         self.spares: Callable[[], SparePool] | None = None  # the pool (attach_ladder)
         self._fill_at = 0.0
+        self._spare_watch = False  # this node in the spare pool or handed: loop at `every`
         self.burn_in: Any = None  # remediation.burn_in_runner.BurnInRunner (attach_ladder)
 
     def start(self) -> threading.Thread:
@@ -154,7 +155,7 @@ class LadderThread:
                     deliver_pending(self.daemon.store, self.webhook)
                 except Exception:
                     log.exception("webhook delivery failed")
-            quiet = quiet and not self._unanswered
+            quiet = quiet and not self._unanswered and not self._spare_watch
             quiet = quiet and (self.burn_in is None or self.burn_in.settled())
             self.wake.wait(self.idle_every if quiet else self.every)
             self.wake.clear()
@@ -265,7 +266,9 @@ class LadderThread:
         short pool after the deep tier; looked at every FILL_SECONDS."""
         if self.spares is None:
             return
-        self.spares().tend()  # the spares this daemon handed: bound to their runs
+        spares = self.spares()
+        spares.tend()  # this node as a handed spare: bound to the run it was handed to
+        self._spare_watch = spares.watching()
         if time.monotonic() < self._fill_at:
             return
         self._fill_at = time.monotonic() + FILL_SECONDS

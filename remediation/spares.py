@@ -319,6 +319,11 @@ class SparePool:
                 log.warning("%s: tending %s failed: %s", self.node, handover.reservation, exc)
         return done
 
+    def watching(self) -> bool:
+        """This node may be handed any moment, or is handed: its daemon's ladder loops at
+        its busy pace, so another job on the spare is refused sooner."""
+        return _next_look.get(self.node) == 0.0
+
     def _tend_one(self, h: OpenHandOver) -> SpareTending:
         evidence = {"job_id": h.job_id, "spare": h.spare, "reservation": h.reservation,
                     "by": self.node, "actor": ACTOR}  # fmt: skip

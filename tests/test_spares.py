@@ -680,3 +680,16 @@ def test_model_no_other_job_keeps_the_spare(tmp_path_factory: pytest.TempPathFac
                 assert set(left) <= {BOUND}
                 if RES in slurm.held:
                     assert left.get(BOUND, rj(BOUND)).state == "PENDING"
+
+
+def test_a_node_in_the_pool_or_handed_is_watched_at_the_busy_pace(store: Store) -> None:
+    slurm = handed_lab(store)
+    spare, other = pool(slurm, store, at="n5"), pool(slurm, store, at="n2")
+    spare.tend()
+    other.tend()
+    assert spare.watching() and not other.watching()
+    start(slurm, BOUND)
+    spare.tend()  # released: the spare is the run's allocation now, nothing to watch
+    spares_module._next_look.pop("n5")
+    spare.tend()
+    assert not spare.watching()

@@ -113,7 +113,7 @@ def test_a_spare_admits_only_the_run_it_was_handed_to_and_serves_the_queue_after
                       "--wrap", "sleep 600")  # fmt: skip
     assert again.returncode != 0 and "reservation" in again.stderr.lower(), again.stderr
     # Whatever ran before Medic's refusal, at the end only the bound run holds the spare.
-    on_spare = lab.slurm(["squeue", "-h", "-w", SPARE, "-o", "%i"]).stdout.split()
+    on_spare = lab.slurm(["squeue", "-h", "-w", SPARE, "-t", "RUNNING", "-o", "%i"]).stdout.split()
     assert on_spare == [job_id]
 
     # The ladder resets n1's GPU; n1 passes the deep tier and joins the pool, not the queue.
