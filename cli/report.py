@@ -43,25 +43,7 @@ def _time(option: str, text: str, now: dt.datetime) -> dt.datetime:
         raise AdminError(f"{option} {exc.message}", code=EXIT_USAGE) from None
 
 
-def duration(value: float | None) -> str:
-    """`-`, `850ms`, `42s`, `12m05s`, `3h20m`, `2d4h`."""
-    if value is None:
-        return "-"
-    if value == 0:
-        return "0s"
-    if abs(value) < 1:
-        return f"{value * 1000:.0f}ms"
-    whole = round(value)
-    if whole < 60:
-        return f"{whole}s"
-    minutes, secs = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours}h"
+duration = rp.format_duration  # one format for the tables and the HTML page
 
 
 def _plain(value: Any) -> Any:
@@ -256,18 +238,41 @@ def _print_fleet(fleet: rp.FleetReport, top: int) -> None:
     if fleet.rungs:
         click.echo("")
         echo_table(
-            ("RUNG", "ACTION", "ATTEMPTS", "WORKED", "FAILED", "P50", "P90"),
+            ("RUNG", "ACTION", "ATTEMPTS", "WORKED", "NOT REPAIRED", "FAILED", "OPEN", "P50",
+             "P90"),
             [
                 [
                     str(r.rung),
                     r.action,
                     str(r.attempts),
                     str(r.worked),
+                    str(r.not_repaired),
                     str(r.failed),
+                    str(r.pending),
                     duration(r.p50_s),
                     duration(r.p90_s),
                 ]
                 for r in fleet.rungs
+            ],
+        )  # fmt: skip
+        click.echo(
+            "WORKED: re-qualification passed after it; NOT REPAIRED: done, but the ladder went"
+            " on; FAILED: the step itself failed; OPEN: not verified yet. P50/P90: from the"
+            " intent to the step's end (a reboot's: to its new boot being seen)"
+        )
+    if fleet.waiting_for_human:
+        click.echo("")
+        echo_table(
+            ("EPISODE", "NODE", "FAULT", "OPENED", "STATE"),
+            [
+                [
+                    str(w.episode_id),
+                    w.node,
+                    w.fault_class or "-",
+                    when(w.opened_at),
+                    f"waiting for a human since {when(w.waiting_since)}",
+                ]
+                for w in fleet.waiting_for_human[:top]
             ],
         )
     if fleet.false_ejections:
@@ -338,7 +343,8 @@ def gather(
 
 
 def checkpoint_marks(pairs: Sequence[str]) -> list[rp.CheckpointMark]:
-    """JOB=DIR: the job's checkpoint directory, read for its commits and resume marks."""
+    """JOB=DIR: the job's checkpoint directory, read for its commits and resume marks: its
+    ledger (which `prune` never deletes), plus what manifests and mark files it lacks."""
     from slurm_hooks.checkpoint import CheckpointDir, CheckpointError
 
     marks: list[rp.CheckpointMark] = []
@@ -350,12 +356,13 @@ def checkpoint_marks(pairs: Sequence[str]) -> list[rp.CheckpointMark]:
             directory = CheckpointDir(Path(root))
         except CheckpointError as exc:
             raise AdminError(f"--checkpoints {pair!r}: {exc}", code=EXIT_USAGE) from None
-        for c in directory.checkpoints():
+        commits, resumes = directory.history()
+        for c in commits:
             at = dt.datetime.fromtimestamp(c.time, dt.UTC)
             marks.append(
                 rp.CheckpointMark(job_id, at, "commit", c.step, c.restart_count, c.duration)
             )
-        for r in directory.resumes():
+        for r in resumes:
             at = dt.datetime.fromtimestamp(r.time, dt.UTC)
             marks.append(rp.CheckpointMark(job_id, at, "resume", r.step, r.restart_count))
     return marks
@@ -631,8 +638,22 @@ def what_if(
             outcomes.append(wi.expect(scenario))
         except ValueError as exc:
             raise AdminError(str(exc), code=EXIT_USAGE) from None
+    savings = [wi.saving(outcomes[0], o) for o in outcomes[1:]]
     if as_json:
-        echo_json({"format": REPORT_FORMAT, "what_if": [_plain(o) for o in outcomes]})
+        echo_json(
+            {
+                "format": REPORT_FORMAT,
+                "what_if": [_plain(o) for o in outcomes],
+                "savings": [
+                    {k: _plain(v) for k, v in vars(s).items() if k not in ("base", "better")}
+                    | {
+                        "from_mttr_hours": s.base.scenario.mttr_hours,
+                        "to_mttr_hours": s.better.scenario.mttr_hours,
+                    }
+                    for s in savings
+                ],
+            }
+        )
         return
     first = outcomes[0].scenario
     click.echo(
@@ -656,6 +677,16 @@ def what_if(
     if price is not None:
         headers += ["COST", "LOST COST"]
     echo_table(headers, rows)
+    for s in savings:
+        lost = "" if s.lost_share is None else f", {_pct(abs(s.lost_share))} of its lost time"
+        cost = "" if s.cost is None else f", {s.cost:,.0f} in GPU cost"
+        click.echo(
+            f"MTTR {duration(s.base.scenario.mttr_hours * 3600)} ->"
+            f" {duration(s.better.scenario.mttr_hours * 3600)}:"
+            f" {'saves' if s.wall_hours >= 0 else 'costs'} {abs(s.wall_hours) / 24:,.2f} wall"
+            f" days ({_pct(abs(s.wall_share))} of the run's wall time{lost}),"
+            f" {abs(s.gpu_hours):,.0f} GPU-hours{cost}"
+        )
     if outcomes[0].optimal_interval_hours is not None:
         click.echo(
             "Young's optimal checkpoint interval for this cost:"

@@ -29,14 +29,7 @@ def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value < 120:
-        return f"{value:.0f} s"
-    if value < 7200:
-        return f"{value / 60:.1f} min"
-    return f"{value / 3600:.1f} h"
+_seconds = rp.format_duration  # the text report's format: 643 ms, 4.4 s, 12 min 05 s
 
 
 def _svg(height: int, body: Sequence[str], label: str) -> str:
@@ -175,6 +168,12 @@ def page(report: rp.Report) -> str:
         for name, s in c.items()
     )
     cannot = "".join(f"<li>{esc(line)}</li>" for line in report.cannot_know)
+    humans = "".join(
+        f"<li>episode {w.episode_id} on {esc(w.node)} ({esc(w.fault_class or '-')}): waiting"
+        f" for a human since {esc(_day(w.waiting_since))}</li>"
+        for w in fleet.waiting_for_human
+    )
+    waiting = f"<h2>Waiting for a human</h2>\n<ul>{humans}</ul>" if humans else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>medic report {esc(_day(report.since))} .. {esc(_day(report.until))}</title>
@@ -201,8 +200,9 @@ MTBF {esc(f"{fleet.mtbf_node_hours:,.0f}" if fleet.mtbf_node_hours else "-")} no
 <p>Pale: episodes; dark: job interruptions (red: a lemon node).</p>
 {bars(nodes, "episodes and interruptions per node", "node with an episode", NODE_BARS)}
 <h2>Rungs: how often each worked</h2>
-<p>Pale: attempts; dark: the attempts that repaired the node.</p>
+<p>Pale: attempts; dark: the attempts after which re-qualification passed.</p>
 {bars(rungs, "rung attempts and successes", "repair step", RUNG_BARS)}
+{waiting}
 <h2>What this report cannot know yet</h2>
 <ul>{cannot}</ul>
 </body></html>

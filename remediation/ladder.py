@@ -23,7 +23,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from medic_core import proc
@@ -62,6 +62,9 @@ log = logging.getLogger("medic.remediation")
 JOIN_WINDOW = 60.0  # seconds in which the same fault joins the episode it just closed
 REQUALIFY_RETRY = 60.0  # seconds between re-qualification runs of a node back from RMA
 REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
+# Added to a reboot step's output when its new boot is seen (`medic report` times the reboot
+# from the intent to then): remediation.report.REBOOT_SEEN.
+REBOOT_SEEN = "new boot seen"
 # `scontrol reboot` refused (slurmctld busy or down, RebootProgram not set) says nothing of
 # the node: asked again after REBOOT_REFUSED_RETRY, and after REBOOT_REFUSALS refusals in
 # one episode a human looks (Slurm's configuration, not the node's hardware: never an RMA).
@@ -596,7 +599,10 @@ class Ladder:
         step = next(s for s in reversed(self.store.steps(episode.id)) if s.action == "reboot")
         if self.host.boot_id() != step.boot_id:
             if step.state == "intent":  # asked of Slurm; the daemon died before recording it
-                self.store.finish_step(step.id, "done", output="rebooted (asked before a restart)")
+                step = replace(step, state="done", output="rebooted (asked before a restart)")
+            if REBOOT_SEEN not in step.output:  # the step ends here: its time is the reboot's
+                output = f"{step.output}; {REBOOT_SEEN}"
+                self.store.finish_step(step.id, step.state, step.returncode, output)
             self.host.event(
                 "rebooted", severity="INFO", fault_class=episode.fault_class, target=episode.target
             )

@@ -18,7 +18,17 @@ The components (detection, isolation, scheduling, restart) are the gaps between 
 known points, so they always sum to the interruption's wall time. A point earlier than the
 one before it (two nodes' clocks disagree) is moved up to it and the interruption flagged.
 Lost work (time computed since the last complete checkpoint, replayed after the restart) is
-not part of that wall time: the job did that work once already.
+not part of that wall time: the job did that work once already. It runs from the commit of
+the step the next run resumed from (its resume mark's step; without one, the last commit
+before the fault), or from the start of the run the fault ended when that is later, to the
+fault (fault_at, else known_at). Commits and resume marks come from the checkpoint ledger,
+which `prune()` never deletes (slurm_hooks.checkpoint), not from the surviving checkpoints.
+
+A rung's outcome is measured, not requested: it WORKED when re-qualification passed after it
+(the episode's last step, done, and the episode resolved by that verification, never by an
+RMA); a done step after which the ladder went on (another step, RMA, a human) did NOT REPAIR.
+A step's time runs from its intent to its end; a reboot's ends when the new boot was seen
+(REBOOT_SEEN in its output), and one without that record has no measured time.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-# Job actions (remediation.decide, slurm_hooks.actions) that end a resilient job's run.
+# Job actions (remediation.decide, remediation.actions) that end a resilient job's run.
 REQUEUED = "requeued"
 NOT_REQUEUED = ("requeue_failed", "budget_spent", "left")
 INTERRUPTING = (REQUEUED, *NOT_REQUEUED)
@@ -42,6 +52,12 @@ RUN_BURST = dt.timedelta(seconds=10)
 FAULT_LOOKBACK = dt.timedelta(hours=1)
 RESOLVED = "resolved"  # remediation.episodes.RESOLVED (kept here: this module imports no store)
 WAITING_CAP = "waiting_cap"  # an episode whose node was never drained
+NEEDS_HUMAN = "needs_human"  # remediation.episodes.NEEDS_HUMAN: its closed_at is when it began
+RMA_RUNG = 4  # remediation.policy.Rung.RMA
+REBOOT = "reboot"
+# What the ladder adds to a reboot step's output when it sees the new boot (it then ends the
+# step): remediation.ladder.REBOOT_SEEN.
+REBOOT_SEEN = "new boot seen"
 
 COMPONENTS = ("detection", "isolation", "scheduling", "restart")
 
@@ -55,11 +71,15 @@ CANNOT_KNOW = (
     " the fault (a store's earlier fault event is used when there is one)",
     "running again is the job's first prolog allowed after the requeue (the first node's),"
     " not the moment every node of the job started",
-    "restart and lost work need the checkpoint helper's records (commit and resume marks);"
-    " jobs without them show these as unknown, and their ETTR is an upper bound",
+    "restart and lost work need the checkpoint helper's records (its ledger, or for jobs"
+    " from before it the manifests and resume marks left): jobs without them show these as"
+    " unknown, and their ETTR is an upper bound",
     "a job that was never interrupted leaves no record that it was resilient: only"
     " interrupted jobs are listed",
     "node-hours count every node of the fleet for the whole window, in service or not",
+    "a reboot recorded before the ladder noted the new boot has no measured duration",
+    "a false ejection is an episode resolved by its re-qualification (requalify_checks: the"
+    " deep tier where configured) with no repair run, no failed re-qualification and no RMA",
 )
 
 
@@ -127,8 +147,14 @@ class EpisodeRow:
     state: str
     fault_class: str
     opened_at: dt.datetime
-    closed_at: dt.datetime | None
+    closed_at: dt.datetime | None  # needs_human: when it began to wait for a human
     failed_requalifications: int = 0
+    rung: int = 0
+    ticket_id: int | None = None
+
+    @property
+    def went_to_rma(self) -> bool:
+        return self.ticket_id is not None or self.rung >= RMA_RUNG
 
 
 @dataclass(frozen=True)
@@ -139,6 +165,14 @@ class StepRow:
     state: str  # intent, done, failed, interrupted
     started_at: dt.datetime
     ended_at: dt.datetime | None
+    output: str = ""
+
+    @property
+    def took_s(self) -> float | None:
+        """Measured duration: a reboot's only once its new boot was seen."""
+        if self.ended_at is None or (self.action == REBOOT and REBOOT_SEEN not in self.output):
+            return None
+        return seconds(self.started_at, self.ended_at)
 
 
 @dataclass(frozen=True)
@@ -255,10 +289,24 @@ class RungFigures:
     rung: int
     action: str
     attempts: int
-    worked: int  # the episode's last step, and the episode resolved
-    failed: int
-    p50_s: float | None
+    worked: int  # re-qualification passed after it (not through an RMA)
+    failed: int  # the step itself failed (its command, Slurm's refusal, a restart)
+    p50_s: float | None  # over the measured steps
     p90_s: float | None
+    not_repaired: int = 0  # done, but the ladder had to go on (next step, RMA, a human)
+    pending: int = 0  # done, the episode still open (verifying, or waiting)
+    measured: int = 0  # steps with a measured duration (p50, p90)
+
+
+@dataclass(frozen=True)
+class HumanWait:
+    """An episode waiting for a human (needs_human): its node stays out until one acts."""
+
+    episode_id: int
+    node: str
+    fault_class: str
+    opened_at: dt.datetime
+    waiting_since: dt.datetime
 
 
 @dataclass(frozen=True)
@@ -289,6 +337,7 @@ class FleetReport:
     rma_s: float
     rungs: tuple[RungFigures, ...]
     false_ejections: tuple[FalseEjection, ...]
+    waiting_for_human: tuple[HumanWait, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -307,6 +356,32 @@ class Report:
 
 def seconds(a: dt.datetime, b: dt.datetime) -> float:
     return (b - a).total_seconds()
+
+
+def format_duration(value: float | None) -> str:
+    """A duration as a person reads it, its unit fitted to its size: `-` (unknown), `0 s`,
+    `643 ms`, `4.4 s`, `42 s`, `12 min 05 s`, `3 h 20 min`, `2 d 4 h`. The text and the HTML
+    report both print durations with this."""
+    if value is None or math.isnan(value):
+        return "-"
+    sign, value = ("-" if value < 0 else ""), abs(value)
+    if value == 0:
+        return "0 s"
+    if round(value * 1000) < 1000:
+        return f"{sign}{value * 1000:.3g} ms" if value < 0.001 else f"{sign}{value * 1000:.0f} ms"
+    if round(value, 1) < 10:
+        return f"{sign}{value:.1f} s"
+    whole = round(value)
+    if whole < 60:
+        return f"{sign}{whole} s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{sign}{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{sign}{hours} h {minutes:02d} min"
+    days, hours = divmod(hours, 24)
+    return f"{sign}{days} d {hours} h"
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -456,18 +531,19 @@ def _interruption(
     if run_started is not None:
         floor = max(floor, min(run_started + RUN_BURST, action.at))
     running = _first_after(gates, floor) if action.action == REQUEUED else None
-    resumed = None
+    mark = None
     if running is not None:  # not the ended run's own resume mark (before Medic knew)
         own = [i for i, r in enumerate(resumes) if r.at <= known]
         later = resumes[own[-1] + 1 :] if own else resumes
-        resumed = _first_after([r.at for r in later], running - SKEW_TOLERANCE)
+        mark = next((r for r in later if r.at >= running - SKEW_TOLERANCE), None)
+    resumed = mark.at if mark is not None else None
     points, skewed = _monotone([fault_at, known, action.at, running, resumed])
     p_fault, p_known, p_isolated, p_running, p_resumed = points
     assert p_known is not None and p_isolated is not None
     known_points = [p for p in points if p is not None]
     lost, from_step = None, None
     if have_checkpoints:
-        lost, from_step = _lost_work(fault_at or known, commits, resumes, run_started)
+        lost, from_step = _lost_work(fault_at or known, commits, resumes, run_started, mark)
     return Interruption(
         job_id=job_id,
         node=action.node,
@@ -495,20 +571,31 @@ def _lost_work(
     commits: Sequence[CheckpointMark],
     resumes: Sequence[CheckpointMark],
     run_started: dt.datetime | None,
+    resumed: CheckpointMark | None = None,
 ) -> tuple[float | None, int | None]:
-    """Seconds of work done since the last complete checkpoint (replayed after the restart),
-    and the step the job resumes from. Work counts from the checkpoint, or from when this run
-    resumed or started if later (a run that resumed and failed before its first commit);
-    unknown when none of these is known."""
+    """Seconds of work done since the checkpoint the next run resumed from (replayed after
+    the restart), and that step. The step is the resume mark's (`resumed`: what the job
+    loaded) when there is one, else the last commit before the fault; a mark that found no
+    checkpoint means the job started over. Work counts from that step's commit, or from when
+    this run resumed or started if later (a run that resumed and failed before its first
+    commit); unknown when none of these is known."""
     committed = [c for c in commits if c.at <= fault_at]
-    last = committed[-1] if committed else None
+    if resumed is not None:
+        from_step = resumed.step
+        mine = [c for c in committed if c.step == from_step] if from_step is not None else []
+        last = mine[-1] if mine else None
+        if last is None and committed and from_step is not None:
+            last = committed[-1]  # a job from before the ledger: its pruned commits are gone
+    else:
+        last = committed[-1] if committed else None
+        from_step = last.step if last else None
     starts = [r.at for r in resumes if r.at <= fault_at]
     if run_started is not None and run_started <= fault_at:
         starts.append(run_started)
     begin = max([*starts, *([last.at] if last else [])], default=None)
     if begin is None:
-        return None, None
-    return max(0.0, seconds(begin, fault_at)), last.step if last else None
+        return None, from_step
+    return max(0.0, seconds(begin, fault_at)), from_step
 
 
 def _job_report(
@@ -683,8 +770,9 @@ def fleet_report(data: ReportInput, interruptions: Sequence[Interruption]) -> Fl
         episodes_by_node[e.node].append(e)
     out_intervals: dict[str, list[tuple[dt.datetime, dt.datetime]]] = defaultdict(list)
     for e in overlapping:
-        if e.state != WAITING_CAP:
-            out_intervals[e.node].append((e.opened_at, e.closed_at or until))
+        if e.state != WAITING_CAP:  # a needs_human node stays out until a human acts
+            end = until if e.state == NEEDS_HUMAN else (e.closed_at or until)
+            out_intervals[e.node].append((e.opened_at, end))
     rma_intervals: dict[str, list[tuple[dt.datetime, dt.datetime]]] = defaultdict(list)
     for t in data.tickets:
         rma_intervals[t.node].append((t.created_at, t.closed_at or until))
@@ -734,29 +822,36 @@ def fleet_report(data: ReportInput, interruptions: Sequence[Interruption]) -> Fl
         if s.episode_id in episodes_by_id:
             steps_by_episode[s.episode_id].append(s)
     rung_steps: dict[tuple[int, str], list[StepRow]] = defaultdict(list)
-    worked: dict[tuple[int, str], int] = defaultdict(int)
+    outcomes: dict[tuple[int, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for episode_id, steps in steps_by_episode.items():
-        for s in steps:
+        for n, s in enumerate(steps):
             rung_steps[(s.rung, s.action)].append(s)
-        if episodes_by_id[episode_id].state == RESOLVED:
-            last = steps[-1]
-            if last.state == "done":
-                worked[(last.rung, last.action)] += 1
+            after = step_outcome(episodes_by_id[episode_id], s, n == len(steps) - 1)
+            outcomes[(s.rung, s.action)][after] += 1
     rungs = []
     for key in sorted(rung_steps):
         steps = rung_steps[key]
-        took = [seconds(s.started_at, s.ended_at) for s in steps if s.ended_at is not None]
+        took = [t for t in (s.took_s for s in steps) if t is not None]
+        counts = outcomes[key]
         rungs.append(
             RungFigures(
                 rung=key[0],
                 action=key[1],
                 attempts=len(steps),
-                worked=worked[key],
-                failed=sum(s.state in ("failed", "interrupted") for s in steps),
+                worked=counts[WORKED],
+                failed=counts[FAILED],
                 p50_s=percentile(took, 0.5),
                 p90_s=percentile(took, 0.9),
+                not_repaired=counts[NOT_REPAIRED],
+                pending=counts[PENDING],
+                measured=len(took),
             )
         )
+    waiting = tuple(
+        HumanWait(e.id, e.node, e.fault_class, e.opened_at, e.closed_at or e.opened_at)
+        for e in sorted(overlapping, key=lambda e: e.opened_at)
+        if e.state == NEEDS_HUMAN
+    )
 
     false_ejections = tuple(
         FalseEjection(
@@ -768,9 +863,7 @@ def fleet_report(data: ReportInput, interruptions: Sequence[Interruption]) -> Fl
             out_s=max(0.0, seconds(e.opened_at, e.closed_at)),
         )
         for e in sorted(opened, key=lambda e: e.opened_at)
-        if e.state == RESOLVED
-        and e.closed_at is not None
-        and not any(s.state == "done" for s in steps_by_episode.get(e.id, ()))
+        if e.closed_at is not None and is_false_ejection(e, steps_by_episode.get(e.id, ()))
     )
     count = len(opened)
     return FleetReport(
@@ -790,4 +883,42 @@ def fleet_report(data: ReportInput, interruptions: Sequence[Interruption]) -> Fl
         rma_s=sum(f.rma_s for f in figures),
         rungs=tuple(rungs),
         false_ejections=false_ejections,
+        waiting_for_human=waiting,
+    )
+
+
+WORKED, NOT_REPAIRED, FAILED, PENDING = "worked", "not_repaired", "failed", "pending"
+
+
+def step_outcome(episode: EpisodeRow, step: StepRow, last: bool) -> str:
+    """What re-qualification said after `step`. Only the episode's last step can have
+    worked, and only when the episode resolved through the verification after it: an
+    episode that went to RMA was resolved by the vendor's repair (its re-qualification
+    after the ticket), not by any rung."""
+    if step.state != "done":
+        return FAILED
+    if not last:
+        return NOT_REPAIRED  # the verification after it failed: the ladder went on
+    if episode.state == RESOLVED:
+        return NOT_REPAIRED if episode.went_to_rma else WORKED
+    if episode.state in (RMA_STATE, NEEDS_HUMAN, CLOSED_BY_HUMAN):
+        return NOT_REPAIRED
+    return PENDING
+
+
+RMA_STATE = "rma"  # remediation.episodes.RMA
+CLOSED_BY_HUMAN = "closed"  # remediation.episodes.CLOSED
+
+
+def is_false_ejection(episode: EpisodeRow, steps: Sequence[StepRow]) -> bool:
+    """Taken out, and re-qualification passed with no repair: resolved, no step that ran
+    (a reboot Slurm refused never ran), no failed re-qualification (that confirmed the
+    fault) and never an RMA (a lemon's, or one a rung sent it to)."""
+    ran = [s for s in steps if not (s.action == REBOOT and s.state == "failed")]
+    return (
+        episode.state == RESOLVED
+        and episode.closed_at is not None
+        and not episode.went_to_rma
+        and episode.failed_requalifications == 0
+        and not ran
     )

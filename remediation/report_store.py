@@ -35,6 +35,7 @@ from remediation import episodes as ep
 from remediation.report import (
     FAULT_LOOKBACK,
     INTERRUPTING,
+    REBOOT_SEEN,
     EpisodeRow,
     FaultSeen,
     JobAction,
@@ -235,7 +236,8 @@ def _parse_time(text: object) -> dt.datetime | None:
 def episodes_and_steps(
     store: Store, since: dt.datetime, until: dt.datetime
 ) -> tuple[list[EpisodeRow], list[StepRow]]:
-    """Episodes that overlap the window, and their steps."""
+    """Episodes that overlap the window (one waiting for a human still does: its closed_at
+    is when it began to wait), and their steps."""
     e = ep.episodes
     query = select(
         e.c.id,
@@ -245,7 +247,12 @@ def episodes_and_steps(
         e.c.opened_at,
         e.c.closed_at,
         e.c.failed_requalifications,
-    ).where(e.c.opened_at <= until, or_(e.c.closed_at.is_(None), e.c.closed_at >= since))
+        e.c.rung,
+        e.c.ticket_id,
+    ).where(
+        e.c.opened_at <= until,
+        or_(e.c.closed_at.is_(None), e.c.closed_at >= since, e.c.state == ep.NEEDS_HUMAN),
+    )
     s = ep.steps
     with store.engine.connect() as conn:
         episodes = [
@@ -257,16 +264,34 @@ def episodes_and_steps(
                 opened_at=_utc(opened),
                 closed_at=_utc(closed) if closed else None,
                 failed_requalifications=int(failed),
+                rung=int(rung),
+                ticket_id=None if ticket is None else int(ticket),
             )
-            for i, node, state, fault_class, opened, closed, failed in conn.execute(query)
+            for i, node, state, fault_class, opened, closed, failed, rung, ticket in conn.execute(
+                query
+            )
         ]
         opened_ids = [str(x.id) for x in episodes if since <= x.opened_at <= until]
         steps = []
         for chunk in _chunks(opened_ids):
-            step_query = select(
-                s.c.episode_id, s.c.rung, s.c.action, s.c.state, s.c.started_at, s.c.ended_at
-            ).where(s.c.episode_id.in_([int(i) for i in chunk]))
-            for episode_id, rung, action, state, started, ended in conn.execute(step_query):
+            # A step's output only where it says what the report needs (a reboot's new boot).
+            seen = s.c.output.contains(REBOOT_SEEN)
+            step_query = (
+                select(
+                    s.c.episode_id,
+                    s.c.rung,
+                    s.c.action,
+                    s.c.state,
+                    s.c.started_at,
+                    s.c.ended_at,
+                    seen,
+                )
+                .where(s.c.episode_id.in_([int(i) for i in chunk]))
+                .order_by(s.c.id)
+            )
+            for episode_id, rung, action, state, started, ended, was_seen in conn.execute(
+                step_query
+            ):
                 steps.append(
                     StepRow(
                         int(episode_id),
@@ -275,6 +300,7 @@ def episodes_and_steps(
                         state,
                         _utc(started),
                         _utc(ended) if ended else None,
+                        REBOOT_SEEN if was_seen else "",
                     )
                 )
     return episodes, steps

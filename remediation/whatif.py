@@ -105,3 +105,31 @@ def expect(s: Scenario) -> Outcome:
         lost_cost=(wall - s.work_hours) * gpus * price if price is not None else None,
         optimal_interval_hours=optimal,
     )
+
+
+@dataclass(frozen=True)
+class Saving:
+    """What a shorter MTTR (`better`) saves against `base`, the same run otherwise."""
+
+    base: Outcome
+    better: Outcome
+    wall_hours: float  # base wall - better wall (negative: it costs)
+    wall_share: float  # of the base's wall time
+    lost_share: float | None  # of the base's lost time (None: it lost none)
+    gpu_hours: float
+    cost: float | None
+
+
+def saving(base: Outcome, better: Outcome) -> Saving:
+    saved = base.wall_hours - better.wall_hours
+    price = base.scenario.price_per_gpu_hour
+    gpus = base.scenario.nodes * base.scenario.gpus_per_node
+    return Saving(
+        base=base,
+        better=better,
+        wall_hours=saved,
+        wall_share=saved / base.wall_hours,
+        lost_share=saved / base.lost_hours if base.lost_hours > 0 else None,
+        gpu_hours=saved * gpus,
+        cost=saved * gpus * price if price is not None else None,
+    )

@@ -13,6 +13,12 @@ Commit protocol (`CheckpointDir.writing`):
 A process killed anywhere in between leaves at most a temporary directory, which `latest()`
 never looks at and `prune()` removes; a `step-*` directory whose manifest is missing or does
 not match its files (a crash without fsync, a hand copy) is skipped too.
+
+The ledger, `.medic-ledger.jsonl`: one line per commit (after its rename is durable) and per
+restarted run's resume mark, appended (O_APPEND, then fsync) and never rewritten; `prune()`
+leaves it alone. `medic report` reads the resume step, lost work and ETTR from it, so a job
+that keeps only its last checkpoints is reported as it ran. A line torn by a crash is
+skipped by the reader (`parse_ledger`), and the records after it still count.
 """
 
 from __future__ import annotations
@@ -52,6 +58,12 @@ _RESUME_FILE = re.compile(r"\.resume-(.+)\.(\d+)\.json")
 _STEP_DIR = re.compile(r"step-(\d{9,})")
 _TMP_DIR = re.compile(r"\.tmp-step-(\d{9,})\.(.+)\.(\d+)\.[0-9a-f]+")
 _HASH_CHUNK = 1 << 20
+LEDGER = ".medic-ledger.jsonl"
+# Every ledger line starts with this: a reader finds the record after a torn line by it (a
+# string inside a record is JSON-escaped, so its quotes never match).
+LEDGER_TAG = '{"medic_ledger":1,'
+COMMIT, RESUME = "commit", "resume"
+_LATEST_TIME = 1e11  # seconds since the epoch (the year 5138): a ledger time past it is no time
 
 
 class CheckpointError(RuntimeError):
@@ -106,6 +118,79 @@ class Resume:
     restart_count: int
     time: float
     step: int | None
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """One line of the ledger: a commit of `step`, or a restarted run's resume (from `step`;
+    None: it found no checkpoint)."""
+
+    kind: str  # COMMIT or RESUME
+    time: float  # a commit's: its manifest's time; a resume's: when latest() looked
+    step: int | None
+    job_id: str | None
+    restart_count: int
+    started: float | None = None  # a commit's staging began (its duration)
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.started is None else max(0.0, self.time - self.started)
+
+    def line(self) -> bytes:
+        body = {"kind": self.kind, "time": self.time, "step": self.step, "job_id": self.job_id,
+                "restart_count": self.restart_count, "started": self.started}  # fmt: skip
+        return (LEDGER_TAG + json.dumps(body, separators=(",", ":"))[1:] + "\n").encode()
+
+
+def _ledger_record(text: str) -> LedgerRecord | None:
+    """The record of one line (without its newline), or None when it is not one."""
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(raw, dict) or raw.get("medic_ledger") != 1:
+        return None
+    kind, step, job_id, restarts = (
+        raw.get("kind"), raw.get("step"), raw.get("job_id"), raw.get("restart_count")
+    )  # fmt: skip
+    at = _float_or_none(raw.get("time"))
+    if kind not in (COMMIT, RESUME) or at is None or not 0 <= at < _LATEST_TIME:
+        return None
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        return None
+    if step is None and kind == COMMIT:
+        return None
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        return None
+    if job_id is not None and not isinstance(job_id, str):
+        return None
+    return LedgerRecord(kind, at, step, job_id, restarts, _float_or_none(raw.get("started")))
+
+
+def parse_ledger(data: bytes) -> list[LedgerRecord]:
+    """The ledger's records, in the order written. Never raises: a line that is not a record
+    (a torn write, bytes that are not UTF-8) is skipped; a record written after a torn line
+    (appended to its end, on the same line) is found by its tag; a last line without its
+    newline counts when it is a whole record (the crash came between it and the newline)."""
+    tag = LEDGER_TAG.encode()
+    found = []
+    for raw_line in data.split(b"\n"):
+        starts = list(_positions(raw_line, tag))
+        for start, end in zip(starts, [*starts[1:], len(raw_line)], strict=False):
+            try:
+                record = _ledger_record(raw_line[start:end].decode("utf-8"))
+            except UnicodeDecodeError:
+                record = None
+            if record is not None:
+                found.append(record)
+    return found
+
+
+def _positions(data: bytes, tag: bytes) -> Iterator[int]:
+    at = data.find(tag)
+    while at >= 0:
+        yield at
+        at = data.find(tag, at + 1)
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -270,10 +355,11 @@ class CheckpointDir:
                     )
             _fsync_path(here)
         job_id = self._env.get(JOB_ENV)
+        committed_at = time.time()
         manifest = {
             "format": FORMAT,
             "step": step,
-            "time": time.time(),
+            "time": committed_at,
             "started": started,
             "job_id": job_id,
             "restart_count": restart_count(self._env),
@@ -292,6 +378,44 @@ class CheckpointDir:
                 f"have committed it: write a later step"
             ) from exc
         _fsync_path(self.root)
+        # After the rename is durable: the ledger never names a commit a crash could undo.
+        record = LedgerRecord(COMMIT, committed_at, step, job_id, restart_count(self._env), started)
+        self._append_ledger(record)
+
+    def _append_ledger(self, record: LedgerRecord) -> bool:
+        """Append one line to the ledger and fsync it (and the directory, when this created
+        the file). Never follows a symlink and writes only to a regular file. A ledger that
+        cannot be written costs the report its truth, not the job its checkpoint: one line
+        on stderr, and False."""
+        path = self.root / LEDGER
+        # O_NONBLOCK: a FIFO in its place fails at once (ENXIO) instead of hanging the job.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        try:
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                created = True
+            except FileExistsError:
+                fd = os.open(path, flags)
+                created = False
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(0, "not a regular file")
+                line = record.line()
+                while line:
+                    line = line[os.write(fd, line) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if created:
+                _fsync_path(self.root)
+        except OSError as exc:
+            print(
+                f"medic: {path}: cannot append to the checkpoint ledger"
+                f" ({exc.strerror or exc}); medic report will miss this {record.kind}",
+                file=sys.stderr,
+            )
+            return False
+        return True
 
     def commit(self, src: Path, step: int, *, move: bool = False) -> Checkpoint:
         """Make the directory `src` checkpoint `step`, atomically: copied (or, with `move`,
@@ -457,8 +581,9 @@ class CheckpointDir:
         job_id = self._env.get(JOB_ENV, "")
         if restarts < 1 or not job_id or "/" in job_id or not self.root.is_dir():
             return
-        mark = {"job_id": job_id, "restart_count": restarts, "time": time.time(),
-                "step": found.step if found else None}  # fmt: skip
+        now = time.time()
+        step = found.step if found else None
+        mark = {"job_id": job_id, "restart_count": restarts, "time": now, "step": step}
         path = self.root / f"{RESUME_PREFIX}{job_id}.{restarts}.json"
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
@@ -466,6 +591,49 @@ class CheckpointDir:
             return
         with contextlib.suppress(OSError), os.fdopen(fd, "w") as f:
             json.dump(mark, f)
+        # The mark file made this the run's first look: the ledger gets it once too.
+        self._append_ledger(LedgerRecord(RESUME, now, step, job_id, restarts))
+
+    def ledger(self) -> list[LedgerRecord]:
+        """The ledger's records, oldest first ([] without one). Read without following a
+        symlink; unreadable: [] (the report then falls back to manifests and marks)."""
+        try:
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            fd = os.open(self.root / LEDGER, flags)
+        except OSError:
+            return []
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return []
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read()
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
+        return parse_ledger(data)
+
+    def history(self) -> tuple[list[LedgerRecord], list[LedgerRecord]]:
+        """(commits, resumes), oldest first: the ledger's records, plus the commits whose
+        manifests and the resumes whose mark files it lacks (a job from before the ledger, a
+        ledger that could not be written). Pruned checkpoints stay in it."""
+        records = self.ledger()
+        commits = {(r.step, r.time): r for r in records if r.kind == COMMIT}
+        resumes = {(r.job_id, r.restart_count): r for r in records if r.kind == RESUME}
+        for c in self.checkpoints():
+            commits.setdefault(
+                (c.step, c.time),
+                LedgerRecord(COMMIT, c.time, c.step, c.job_id, c.restart_count, c.started),
+            )
+        for m in self.resumes():
+            resumes.setdefault(
+                (m.job_id, m.restart_count),
+                LedgerRecord(RESUME, m.time, m.step, m.job_id, m.restart_count),
+            )
+        return (
+            sorted(commits.values(), key=lambda r: r.time),
+            sorted(resumes.values(), key=lambda r: r.time),
+        )
 
     def resumes(self) -> list[Resume]:
         """The resume marks of restarted runs, oldest first; unreadable ones are skipped."""

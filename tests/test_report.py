@@ -175,10 +175,10 @@ def test_fleet_figures() -> None:
         episode(5, "n3", 200, 300, "waiting_cap"),  # never drained
     ]
     steps = [
-        rp.StepRow(1, 3, "reboot", "done", at(10), at(310)),
+        rp.StepRow(1, 3, "reboot", "done", at(10), at(310), "asked Slurm; new boot seen"),
         rp.StepRow(2, 1, "gpu_reset", "failed", at(day + 10), at(day + 40)),
-        rp.StepRow(2, 3, "reboot", "done", at(day + 50), at(day + 450)),
-        rp.StepRow(3, 3, "reboot", "done", at(2 * day), at(2 * day + 10)),
+        rp.StepRow(2, 3, "reboot", "done", at(day + 50), at(day + 350), "; new boot seen"),
+        rp.StepRow(3, 3, "reboot", "done", at(2 * day), at(2 * day + 10), "asked Slurm"),
     ]
     tickets = [rp.TicketRow(1, "n1", at(2 * day), None)]
     actions = [
@@ -209,6 +209,8 @@ def test_fleet_figures() -> None:
     rungs = {(r.rung, r.action): r for r in fleet.rungs}
     assert (rungs[(3, "reboot")].attempts, rungs[(3, "reboot")].worked) == (3, 2)
     assert rungs[(1, "gpu_reset")].failed == 1 and rungs[(1, "gpu_reset")].worked == 0
+    # Episode 3's reboot went on to RMA: not repaired; it was never seen back: not timed.
+    assert (rungs[(3, "reboot")].not_repaired, rungs[(3, "reboot")].measured) == (1, 2)
     assert rungs[(3, "reboot")].p50_s == 300
     assert [f.episode_id for f in fleet.false_ejections] == [4]
     by_class = {c.fault_class: c for c in fleet.by_class}

@@ -15,6 +15,7 @@ from medic_core.store import Severity, Store, open_store
 from remediation import episodes as ep
 from remediation import report_store as rs
 from remediation import tickets
+from remediation.report import REBOOT_SEEN
 from slurm_hooks.checkpoint import CheckpointDir
 from tests.pg import PostgresServer, pg_server  # noqa: F401
 
@@ -107,8 +108,8 @@ def record_day(store: Store) -> None:
     )
     clock[0] = t(3700)
     step = episodes.record_intent(e, 3, "reboot", ["scontrol", "reboot"], "boot-a")
-    clock[0] = t(4300)
-    episodes.finish_step(step.id, "done", 0)
+    clock[0] = t(4300)  # the ladder ends a reboot's step when it sees the new boot
+    episodes.finish_step(step.id, "done", 0, f"asked Slurm; {REBOOT_SEEN}")
     episodes.update(e.id, state=ep.RESOLVED)
     clock[0] = t(200)
     link = episodes.open_episode(
@@ -129,7 +130,8 @@ def record_day(store: Store) -> None:
 
 def checkpoints(root: Path) -> None:
     """Job 41's checkpoint directory: step 300 committed at +1800 s, and the restarted
-    run's resume mark at +3710 s (times set by hand, the rest as the helper writes it)."""
+    run's resume mark at +3710 s (times set by hand, the rest as the helper writes it), as
+    a job wrote it before the ledger: the report reads the manifest and the mark file."""
     first = CheckpointDir(root, env={"SLURM_JOB_ID": "41"})
     with first.writing(300) as tmp:
         (tmp / "model.pt").write_bytes(b"w" * 10)
@@ -145,6 +147,7 @@ def checkpoints(root: Path) -> None:
     assert (raw["step"], raw["restart_count"]) == (300, 1)
     raw["time"] = t(3710).timestamp()
     mark.write_text(json.dumps(raw))
+    (root / ".medic-ledger.jsonl").unlink()  # a directory from before the ledger
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -188,6 +191,9 @@ def test_report_on_a_real_store(store_url: str, tmp_path: Path) -> None:
             "failed": 0,
             "p50_s": 600.0,
             "p90_s": 600.0,
+            "not_repaired": 0,
+            "pending": 0,
+            "measured": 1,
         }
     ]
     by_node = {n["node"]: n for n in fleet["by_node"]}
