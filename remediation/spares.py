@@ -301,7 +301,13 @@ class SparePool:
         other jobs refused, the reservation released once the bound job runs, or given back
         once the bound job is not in it. The store is read every loop while the node is in
         the pool or handed, else every IDLE_LOOK_SECONDS (and at once after a restart).
-        Never raises SlurmError: the next loop tries again."""
+        Never raises SlurmError: the next loop tries again. No pool, or a node not listed
+        in `nodes` (when some are): nothing to tend, the store is not read (PURGE_COMP
+        still deletes a reservation no job is in)."""
+        listed = not self.settings.nodes or self.node in self.settings.nodes
+        if self.settings.size <= 0 or not listed:
+            _next_look.pop(self.node, None)
+            return []
         if time.monotonic() < _next_look.get(self.node, 0.0):
             return []
         try:

@@ -693,3 +693,20 @@ def test_a_node_in_the_pool_or_handed_is_watched_at_the_busy_pace(store: Store) 
     spares_module._next_look.pop("n5")
     spare.tend()
     assert not spare.watching()
+
+
+def test_no_pool_or_a_node_not_listed_reads_nothing(store: Store) -> None:
+    slurm = handed_lab(store)
+    start(slurm, "9")
+    reads: list[int] = []
+    real = store.events
+
+    def counted(*args: object, **kwargs: object) -> object:
+        reads.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.events = counted  # type: ignore[method-assign]
+    assert pool(slurm, store, at="n5", size=0).tend() == []
+    assert pool(slurm, store, at="n5", nodes=("n6",)).tend() == []
+    assert reads == [] and slurm.calls == []
+    assert pool(slurm, store, at="n5", nodes=("n5",)).tend()  # listed: tended
