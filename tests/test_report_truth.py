@@ -571,3 +571,46 @@ def test_what_if_prints_the_saving_between_its_mttrs() -> None:
     js = CliRunner().invoke(medic, [*args, "--json"])
     [s] = json.loads(js.output)["savings"]
     assert s["wall_hours"] == pytest.approx(saved.wall_hours, rel=1e-3)
+
+
+def test_medic_report_reads_a_pruned_jobs_ledger_and_the_store_end_to_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same job through `medic report --checkpoints JOB=DIR --json` on a SQLite store
+    holding what the daemon and the hooks write: the JSON agrees with the job's log."""
+    from medic_core.store import Severity, open_store
+
+    clock = FakeTime(T0)
+    monkeypatch.setattr(ck, "time", clock)
+    root = tmp_path / "ckpt"
+    run = train(root, clock, step_s=0.2, commit_s=0.05, faults_after=[20.13, 14.2], steps=150)
+    lost, ettr = hand_computed(run)
+    url = f"sqlite:///{tmp_path / 'medic.db'}"
+    target = f"job:{JOB}"
+    with open_store(url) as store:
+        for g in run.gates:
+            store.add_event("n1", at=utc(g), kind="gate", severity=Severity.INFO, source="test",
+                            target=target, evidence={"job_id": JOB, "allow": True})  # fmt: skip
+        for f in run.faults:
+            when = utc(f).isoformat()
+            store.add_event("n1", at=utc(f + 0.1), kind="gpu_xid", severity=Severity.CRITICAL,
+                            source="test", fault_class="gpu.xid.79", target="0",
+                            evidence={"fault_at": when})  # fmt: skip
+            store.add_event("n1", at=utc(f + 0.2), kind="job_action", severity=Severity.WARN,
+                            source="test", fault_class="gpu.xid.79", target=target,
+                            evidence={"action": "requeued", "job_id": JOB,
+                                      "fault_at": when})  # fmt: skip
+        store.add_event("n1", at=utc(run.log[-1][1]), kind="job_summary",
+                        severity=Severity.INFO, source="test", target=target,
+                        evidence={"job_id": JOB})  # fmt: skip
+    window = ["--since", utc(T0 - 60).isoformat(), "--until", utc(T0 + 3600).isoformat()]
+    args = ["report", "--store", url, *window, "--checkpoints", f"{JOB}={root}", "--json"]
+    result = CliRunner().invoke(medic, args)
+    assert result.exit_code == 0, result.output
+    [job] = json.loads(result.output)["jobs"]
+    got = [i["lost_work_s"] for i in job["interruptions"]]
+    assert got == pytest.approx(lost, rel=0.01, abs=0.001)
+    assert [i["resumed_from_step"] for i in job["interruptions"]] == [
+        s for w, _, s in run.log if w == "resumed"
+    ][1:]
+    assert job["ettr"] == pytest.approx(ettr, rel=0.01) and not job["ettr_is_upper_bound"]
