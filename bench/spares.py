@@ -289,6 +289,8 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[], help="one mode's label")
     parser.add_argument("--user", default="", help="bound_spare: a user without privileges")
     args = parser.parse_args()
+    if "bound_spare" in args.only and not args.user:
+        parser.error("bound_spare needs --user: a user without privileges (e.g. medic-mallory)")
     only = tuple(o for o in args.only if o != "bound_spare")
     figures: dict[str, object] = {"benchmark": "spares"}
     if only or not args.only:
