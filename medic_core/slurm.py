@@ -10,9 +10,11 @@ parser per layout reads it (see docs/slurm-client.md):
 
 * openapi/v0.0.38 (22.05): `state` is one lower-case word plus a `state_flags` list; numbers
   are plain integers.
-* data_parser v0.0.39 to v0.0.44 (23.02 to 25.11): `state` is a list of upper-case words;
+* data_parser v0.0.39 to v0.0.45 (23.02 to 26.05): `state` is a list of upper-case words;
   times and counters may be `{"set": .., "infinite": .., "number": ..}` objects; from 23.11
   `sinfo --json` groups nodes, so nodes are read from `scontrol show nodes --json` instead.
+  v0.0.42 (24.11.5) and v0.0.45 (26.05.5) were recorded from Debian's packages: the fields
+  Medic reads have the same names and shapes in both (tests/test_slurm_releases.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -106,6 +108,9 @@ class JobInfo:
     partition: str = ""
     description: str = ""  # state_description: "launch failed requeued held", ...
     flags: frozenset[str] = frozenset()  # the job state's flags in newer layouts
+    # The GPU indices the job holds on each of its nodes (`gres_detail`, "gpu:4(IDX:0-3)"
+    # per node in host-list order); a node missing here: not known (no GRES, an odd entry).
+    gpus_by_node: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
     @property
     def node_names(self) -> list[str]:
@@ -230,7 +235,9 @@ def _expand(hostlist: str, names: list[str]) -> None:
 # --- parsing ---------------------------------------------------------------------------------
 
 LEGACY = "v0.0.38"  # Slurm 22.05
-SUPPORTED_LAYOUTS = (LEGACY, "v0.0.39", "v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44")
+SUPPORTED_LAYOUTS = (
+    LEGACY, "v0.0.39", "v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45",
+)  # fmt: skip
 
 
 def _load(text: str, what: str) -> dict[str, Any]:
@@ -396,7 +403,7 @@ def _job_state(words: list[str]) -> tuple[str, frozenset[str]]:
 
 
 def _job(raw: Mapping[str, Any]) -> JobInfo:
-    # The job fields Medic reads kept their names from v0.0.38 to v0.0.44; only job_state
+    # The job fields Medic reads kept their names from v0.0.38 to v0.0.45; only job_state
     # (a word, then a list) and restart_cnt (a number, maybe an object) changed shape.
     state, flags = _job_state(_words(raw.get("job_state")))
     return JobInfo(
@@ -414,7 +421,55 @@ def _job(raw: Mapping[str, Any]) -> JobInfo:
         partition=_text(raw.get("partition")),
         description=_text(raw.get("state_description")),
         flags=flags,
+        gpus_by_node=_gpus_by_node(_text(raw.get("nodes")), raw.get("gres_detail")),
     )
+
+
+_GPU_IDX = re.compile(r"(?:^|,)gpu(?::[^:(,]*)?(?::\d+)?\(IDX:([^)]*)\)")
+MAX_GPUS_PER_NODE = 1024  # more is not a node's GPUs but an odd answer: not read
+
+
+def gpu_indices(detail: str) -> frozenset[int] | None:
+    """The GPU indices in one node's `gres_detail` entry: "gpu:4(IDX:0-3)",
+    "gpu:a100:2(IDX:1,3)", "gpu:2(IDX:0-1),shard:..." -> {0, 1, 2, 3}...; "gpu:0(IDX:N/A)"
+    or no gpu word -> frozenset(); None for what cannot be read (the caller assumes the
+    job may hold every GPU)."""
+    found: set[int] = set()
+    for match in _GPU_IDX.finditer(detail):
+        for item in match.group(1).split(","):
+            low, _, high = item.strip().partition("-")
+            if low == "N/A" and not high:
+                continue
+            if not (
+                low.isascii()
+                and low.isdigit()
+                and (not high or (high.isascii() and high.isdigit()))
+            ):
+                return None
+            first, last = int(low), int(high or low)
+            if last < first or last >= MAX_GPUS_PER_NODE:
+                return None
+            found.update(range(first, last + 1))
+    if not found and "gpu" in detail and "IDX:" not in detail:
+        return None  # a gpu entry without indices: not readable
+    return frozenset(found)
+
+
+def _gpus_by_node(hostlist: str, detail: object) -> dict[str, frozenset[int]]:
+    if not isinstance(detail, list) or not hostlist:
+        return {}
+    try:
+        names = expand_hostlist(hostlist)
+    except ValueError:
+        return {}
+    if len(detail) != len(names):  # not one entry per node: cannot pair them
+        return {}
+    out = {}
+    for name, entry in zip(names, detail, strict=True):
+        gpus = gpu_indices(entry) if isinstance(entry, str) else None
+        if gpus is not None:
+            out[name] = gpus
+    return out
 
 
 NODE_PARSERS: dict[str, Callable[[Mapping[str, Any]], NodeInfo]] = {

@@ -170,13 +170,14 @@ def test_newer_layout_jobs_state_list_and_counters() -> None:
         (
             '{"meta": {"plugin": {"type": "openapi/v0.0.37"}, "Slurm": {"release": "21.08.8-2"}}}',
             "sinfo --json: unsupported JSON layout v0.0.37 (Slurm 21.08.8-2); "
-            "Medic reads v0.0.38 to v0.0.44",
+            "Medic reads v0.0.38 to v0.0.45",
         ),
         (
-            '{"meta": {"plugin": {"data_parser": "data_parser/v0.0.45"}, '
-            '"slurm": {"release": "26.05.0"}}, "nodes": []}',
-            "sinfo --json: unsupported JSON layout v0.0.45 (Slurm 26.05.0); "
-            "Medic reads v0.0.38 to v0.0.44",
+            # a layout newer than any Medic knows (26.05's v0.0.45 is read: test_slurm_releases)
+            '{"meta": {"plugin": {"data_parser": "data_parser/v0.0.99"}, '
+            '"slurm": {"release": "99.05.0"}}, "nodes": []}',
+            "sinfo --json: unsupported JSON layout v0.0.99 (Slurm 99.05.0); "
+            "Medic reads v0.0.38 to v0.0.45",
         ),
         (
             '{"meta": {"plugin": {"data_parser": "data_parser/v0.0.40"}}, "sinfo": []}',
