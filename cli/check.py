@@ -443,9 +443,11 @@ def blocking(results: Iterable[Result]) -> list[Result]:
 
 
 def _requalify(as_json: bool, store_url: str | None, config_path: Path | None) -> int:
-    from medic_core.drain_reason import DrainOutcome, resume_if_medic
+    from medic_core.drain_book import DrainBook, operator
+    from medic_core.drain_reason import DrainOutcome
     from medic_core.settings import RemediationSettings
     from remediation import tickets
+    from remediation.give_back import give_back
 
     config = load(config_path)
     configs, gpus, _ = _check_configs(config)
@@ -489,8 +491,16 @@ def _requalify(as_json: bool, store_url: str | None, config_path: Path | None) -
             for e in episodes.find(node=node, states=(ep.RMA,)):
                 if e.ticket_id in cleared:
                     episodes.update(e.id, state=ep.RESOLVED, message=f"{e.message}; re-qualified")
-            try:
-                outcome = resume_if_medic(slurm_client(config), node).value
+            try:  # through the decision core: only a drain Medic's records hold
+                outcome = give_back(
+                    slurm_client(config),
+                    DrainBook.of(store),
+                    node,
+                    actor=operator(),
+                    human=True,
+                    rma_open=tickets.open_tickets(store, node),
+                    note="medic check --requalify",
+                ).text
             except SlurmError as exc:
                 slurm_error = str(exc)
             store.add_event(
@@ -521,7 +531,7 @@ def _requalify(as_json: bool, store_url: str | None, config_path: Path | None) -
     if not as_json:
         ids = ", ".join(str(i) for i in cleared)
         click.echo(f"{node} re-qualified (RMA ticket {ids} cleared): {outcome or 'Slurm: ?'}")
-        if outcome == DrainOutcome.NOT_OURS.value:
+        if outcome.startswith(DrainOutcome.NOT_OURS.value):
             click.echo(f"(the drain is not Medic's: `medic node resume {node} --force` when sure)")
     if slurm_error:
         raise AdminError(

@@ -2,10 +2,13 @@
 
 An episode that waits for a human (`needs_human`: past the drain cap, no rung for the fault,
 a drain that is not Medic's, a dry run) never closes by itself. `close` ends it for good
-(state `closed`, who and why in its message and evidence, an `admin` event); it does not
-touch Slurm: the node stays drained until `medic node resume`. `retry` hands it back to the
-ladder: waiting_idle at the rung it was on, with that rung's attempts reset, after making
-sure the node is drained (Medic's drain, so the ladder lifts it once repaired).
+(state `closed`, who and why in its message and evidence, an `admin` event). With
+`--resume` it also gives the node back through the decision core (only a drain Medic
+recorded; the resume recorded with your login and uid). Without it, Medic's drain record is
+marked as kept for a human: nothing of Medic's resumes the node (not the HealthCheckProgram,
+not the ladder) until `medic node resume`. `retry` hands it back to the ladder: waiting_idle
+at the rung it was on, with that rung's attempts reset, after making sure the node is drained
+(Medic's drain, recorded for this episode, so the ladder lifts it once repaired).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from cli.admin import (
     when,
 )
 from cli.complete import complete_node
+from medic_core.drain_book import DrainBook, operator
 from medic_core.drain_reason import DrainOutcome, drain_if_allowed, format_reason
 from medic_core.slurm import SlurmError
 from medic_core.store import Severity, Store
@@ -140,7 +144,10 @@ def show_episode(
     if as_json:
         echo_json({**episode_json(e, steps), "evidence": e.evidence})
         return
-    closed = f"  closed {when(e.closed_at)}" if e.closed_at else ""
+    if e.state == ep.NEEDS_HUMAN:  # not closed: it waits for a human
+        closed = f"  waiting for a human since {when(e.closed_at or e.updated_at)}"
+    else:
+        closed = f"  closed {when(e.closed_at)}" if e.closed_at else ""
     click.echo(f"episode {e.id}  node {e.node}  state {e.state}{closed}")
     click.echo(
         f"fault {e.fault_class} {e.target or ''}  check {e.check}  recommendation "
@@ -172,15 +179,22 @@ def show_episode(
 @episode.command("close")
 @click.argument("episode_id", metavar="ID", type=int)
 @click.option("--reason", required=True, help="Why (kept in the episode and an admin event).")
+@click.option(
+    "--resume",
+    "resume_node",
+    is_flag=True,
+    help="Also return the node to service (only a drain Medic recorded; as `medic node resume`).",
+)
 @json_option
 @store_option
 @config_option
 def close_episode(
-    episode_id: int, reason: str, as_json: bool, store_url: str | None,
+    episode_id: int, reason: str, resume_node: bool, as_json: bool, store_url: str | None,
     config_path: Path | None,
 ) -> None:  # fmt: skip
-    """Close an episode for good (state `closed`). Does NOT resume the node: `medic node
-    resume` does that."""
+    """Close an episode for good (state `closed`). With --resume, also return the node to
+    service; without, the node stays drained until `medic node resume` (nothing of Medic's
+    resumes it meanwhile)."""
     reason = _reason(reason, required=True)
     config = load(config_path)
     with opened_store(config, store_url) as store:
@@ -198,14 +212,49 @@ def close_episode(
         except ep.EpisodeRefused as exc:
             raise AdminError(f"cannot close episode {e.id}", str(exc),
                              f"see `medic episode show {e.id}`") from exc  # fmt: skip
-        _audit(store, done, "close", reason, {"from_state": e.state})
+        node = _after_close(config, store, done, reason, resume_node)
+        _audit(store, done, "close", reason, {"from_state": e.state, "node": node})
     if as_json:
-        echo_json(episode_json(done))
+        echo_json({**episode_json(done), "node": node})
         return
     click.echo(f"episode {done.id} on {done.node} closed (was {e.state}): {reason}")
-    click.echo(
-        f"{done.node} is NOT resumed: closing an episode leaves Slurm as it is; "
-        f"`medic node resume {done.node} --reason TEXT` returns it to service"
+    click.echo(f"{done.node}: {node}")
+
+
+def _after_close(config: Any, store: Store, e: ep.Episode, reason: str, resume: bool) -> str:
+    """The node after its episode was closed, in one line: given back (`resume`) through the
+    decision core, or its drain record kept for a human (never resumed silently)."""
+    from remediation.give_back import give_back
+
+    book = DrainBook.of(store)
+    client = slurm_client(config)
+    try:
+        info = client.node(e.node)
+        if info is None:
+            return "Slurm does not know it"
+        if not (info.drained or info.down):
+            return f"in service ({info.state}): nothing to resume"
+        if resume:
+            done = give_back(
+                client, book, e.node, actor=operator(), human=True, resolving=e.id,
+                episode_id=e.id, note=f"episode {e.id} closed: {reason}",
+            )  # fmt: skip
+            if done.resumed:
+                return "resumed"
+            warn(f"{e.node} NOT resumed: {done.why}",
+                 fix=f"`medic node resume {e.node} --reason TEXT` (--force if sure)")  # fmt: skip
+            return f"NOT resumed: {done.why}"
+    except SlurmError as exc:
+        warn(f"cannot read or resume {e.node} in Slurm", str(exc),
+             f"`medic node resume {e.node} --reason TEXT` once Slurm answers")  # fmt: skip
+        return f"NOT resumed: Slurm: {exc}"
+    own = book.ownership(e.node, info)
+    if own.recorded:
+        note = f"episode {e.id} closed without --resume: only `medic node resume` gives it back"
+        book.hold(e.node, info.reason, actor=operator(), note=note)
+    return (
+        "NOT resumed: it stays drained until `medic node resume "
+        f"{e.node} --reason TEXT` (or close with --resume)"
     )
 
 
@@ -238,8 +287,21 @@ def retry_episode(
             why = format_reason(
                 current.fault_class, current.target, f"retry of episode {current.id}"
             )
+            client, book, who = slurm_client(config), DrainBook.of(store), operator()
             try:
-                outcome.append(drain_if_allowed(slurm_client(config), current.node, why))
+                outcome.append(
+                    drain_if_allowed(
+                        client, current.node, why, book, actor=who, episode_id=current.id
+                    )
+                )
+                info = client.node(current.node)
+                if outcome[-1] is DrainOutcome.ALREADY_MEDIC and info is not None:
+                    # Medic's drain, maybe kept for a human or made for another episode:
+                    # recorded again for this one, so its ladder gives it back.
+                    book.record_drain(
+                        current.node, info.reason, actor=who, episode_id=current.id,
+                        note=f"episode {current.id} retried: handed to the ladder",
+                    )  # fmt: skip
             except SlurmError as exc:
                 raise ep.EpisodeRefused(
                     f"cannot make sure {current.node} is drained before the ladder acts: {exc}"

@@ -618,8 +618,14 @@ def drain(name: str, reason: str, force: bool, store_url: str | None,
 @config_option
 def resume(name: str, reason: str, force: bool, store_url: str | None,
            config_path: Path | None) -> None:  # fmt: skip
-    """Return NAME to service. Refuses a drain that is not Medic's, or a node an open
-    remediation episode is repairing, unless --force."""
+    """Return NAME to service. Refuses a drain Medic did not record (whatever its text),
+    or a node an open remediation episode is repairing or an open RMA ticket keeps out,
+    unless --force. A drain kept for a human (a needs-human episode closed without
+    --resume) is given back. Recorded with your login and uid."""
+    from medic_core.drain_book import DrainBook, Holding, operator
+    from remediation import tickets
+    from remediation.give_back import give_back
+
     reason = " ".join(reason.split())
     if not reason:
         raise AdminError("--reason is empty", "every manual action must say why",
@@ -631,36 +637,49 @@ def resume(name: str, reason: str, force: bool, store_url: str | None,
     if not info.drained and not down:
         raise AdminError(f"{name} is not drained or down ({info.state})", "nothing to resume",
                          "see `medic node show " + name + "`")  # fmt: skip
-    if info.reason and not is_medic_reason(info.reason) and not force:
-        by = f" (set by {info.reason_user})" if info.reason_user else ""
-        raise AdminError(
-            f"{name} was not drained by Medic: {info.reason!r}{by}",
-            "Medic resumes only its own drains; the owner of this one may still be working",
-            "ask them, or --force to resume anyway",
-        )
-    from remediation import tickets
-
+    who = operator()
     with opened_store(config, store_url) as store:
         rails = tickets.read_rails(store, name)
-    episode, ticket_ids = rails.episode, rails.open_tickets
-    if ticket_ids and not force:
-        raise AdminError(
-            f"RMA ticket {ticket_ids[0]} is open for {name}",
-            "a node with an open RMA ticket stays out (Medic drains it again at once)",
-            f"close the ticket when the part is replaced (medic rma close {ticket_ids[0]}),"
-            " or --force",
-        )
-    if episode is not None and not force:
-        raise AdminError(
-            f"remediation episode #{episode.id} ({episode.state}, rung "
-            f"{rung_name(episode.rung)}) is repairing {name}",
-            "resuming now would put jobs on a node in the middle of a repair",
-            f"wait for it (medic node show), close it (medic episode close {episode.id}"
-            " --reason TEXT), or --force",
-        )
-    _slurm_action("resume", name, lambda: slurm_client(config).resume(name))
-    _record(config, store_url, name, "resume", reason,
-            {"previous_reason": info.reason, "forced": force})  # fmt: skip
+        book = DrainBook.of(store)
+        own = book.ownership(name, info)
+        episode, ticket_ids = rails.episode, rails.open_tickets
+        if own.holding is not Holding.RECORDED and not force:
+            by = f" (set by {info.reason_user})" if info.reason_user else ""
+            raise AdminError(
+                f"{name} was not drained by Medic: {info.reason!r}{by}",
+                f"{own.why}; Medic resumes only the drains it recorded, and the owner of"
+                " this one may still be working",
+                "ask them, or --force to resume anyway",
+            )
+        if ticket_ids and not force:
+            raise AdminError(
+                f"RMA ticket {ticket_ids[0]} is open for {name}",
+                "a node with an open RMA ticket stays out (Medic drains it again at once)",
+                f"close the ticket when the part is replaced (medic rma close {ticket_ids[0]}),"
+                " or --force",
+            )
+        if episode is not None and not force:
+            raise AdminError(
+                f"remediation episode #{episode.id} ({episode.state}, rung "
+                f"{rung_name(episode.rung)}) is repairing {name}",
+                "resuming now would put jobs on a node in the middle of a repair",
+                f"wait for it (medic node show), close it (medic episode close {episode.id}"
+                " --reason TEXT), or --force",
+            )
+        try:
+            done = give_back(
+                slurm_client(config), book, name, actor=who, human=True, force=force,
+                open_episode=episode.id if episode is not None else None,
+                rma_open=ticket_ids, note=reason,
+            )  # fmt: skip
+        except SlurmError as exc:
+            raise AdminError(f"Slurm refused to resume {name}", str(exc),
+                             SLURM_PERMISSION_FIX) from exc  # fmt: skip
+    if not done.resumed:
+        raise AdminError(f"{name} not resumed: {done.outcome.value}", done.why,
+                         f"see `medic node show {name}`")  # fmt: skip
+    evidence = {"previous_reason": info.reason, "forced": force, "drain": own.holding.value}
+    _record(config, store_url, name, "resume", reason, evidence)
     click.echo(f"{name} resumed (was {'+'.join([info.state, *sorted(info.flags)])}: "
                f"{info.reason or 'no reason'})")  # fmt: skip
 

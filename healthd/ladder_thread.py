@@ -208,7 +208,15 @@ class LadderThread:
                 if settings.release_held:
                     start_releaser(daemon.config, job_id, restarts)
 
-            drained, actions = carry_out(client, daemon.node, decision, make_eligible)
+            episode_id = admission.episode.id if admission.episode is not None else None
+            drained, actions = carry_out(
+                client,
+                daemon.node,
+                decision,
+                make_eligible,
+                book=self.ladder.book,
+                episode_id=episode_id,
+            )
             if drained is not None and not admission.store_down:
                 self.ladder.drained(admission, drained.value)
         now = dt.datetime.now(dt.UTC)  # when the drain and requeues were done (medic report)
@@ -567,6 +575,11 @@ def attach_ladder(daemon: LadderDaemon) -> LadderThread:
         DaemonLadderHost(daemon, episodes),
         settings,
     )
+    from medic_core.drain_book import DrainBook
+
+    # Medic's drain records, read by the give-back, the isolator and Slurm view
+    ladder.book = DrainBook.of(daemon.store, daemon.config.paths)
+    seen.owns = lambda info: ladder.book.ownership(daemon.node, info).recorded
     thread = LadderThread(daemon, ladder, episodes, webhook, seen=seen)
     attach_spares(daemon, ladder, thread)
     attach_burn_in(daemon, ladder, thread)
@@ -599,7 +612,9 @@ def attach_isolation(daemon: LadderDaemon, ladder: Ladder) -> None:
 
     def isolator() -> Isolator:
         settings = IsolationSettings.from_config(daemon.config)
-        return Isolator(daemon.node, ladder.store, ladder.slurm, settings, event=event)
+        return Isolator(
+            daemon.node, ladder.store, ladder.slurm, settings, event=event, book=ladder.book
+        )
 
     ladder.isolation = isolator
 

@@ -1,9 +1,10 @@
 """Medic's drain reasons, and the rule that Medic only drains and resumes what is its own.
 
 A Medic drain says `medic: <fault class> <where> <short evidence>`, e.g.
-`medic: gpu.xid.79 gpu2 GPU has fallen off the bus`. Anything else (an admin's note, NHC's,
-Slurm's "Prolog error" or "Not responding") belongs to someone else: Medic never overwrites
-it and never resumes such a node (LBNL NHC's rule).
+`medic: gpu.xid.79 gpu2 GPU has fallen off the bus`. Whose a drain is comes from Medic's drain
+records (medic_core.drain_book), not from this text: an admin may type `medic: x` too. Anything
+not recorded (an admin's note, NHC's, Slurm's "Prolog error" or "Not responding") belongs to
+someone else: Medic never overwrites it and never resumes such a node (LBNL NHC's rule).
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from medic_core.slurm import SlurmClient
+
+if TYPE_CHECKING:
+    from medic_core.drain_book import DrainBook
 
 PREFIX = "medic: "
 # slurmctld keeps any length (1000 characters tested on 22.05), but slurmdbd stores a node
@@ -105,7 +110,9 @@ def format_reason(fault_class: str, where: str = "", evidence: str = "") -> str:
 
 
 def is_medic_reason(reason: str | None) -> bool:
-    """Medic's own drain, judged on the reason as Slurm stores it (see as_slurm_stores)."""
+    """The reason reads like Medic's (its prefix, as Slurm stores it: see as_slurm_stores).
+    Not ownership: that is a drain record's (medic_core.drain_book); the prefix decides only
+    while the records are unreachable, and never a resume."""
     return bool(reason) and str(reason).startswith(PREFIX)
 
 
@@ -148,7 +155,7 @@ def parse_reason(reason: str | None) -> MedicReason | None:
 
 
 class DrainOutcome(StrEnum):
-    """What drain_if_allowed / resume_if_medic did, for the caller's log line."""
+    """What drain_if_allowed / remediation.give_back did, for the caller's log line."""
 
     DRAINED = "drained"
     ALREADY_MEDIC = "already drained by medic"
@@ -156,35 +163,36 @@ class DrainOutcome(StrEnum):
     RESUMED = "resumed"
     NOT_DRAINED = "not drained"
     NOT_OURS = "not medic's drain: left alone"
+    KEPT = "kept out"  # Medic's drain, but the decision core keeps it (see its why)
     UNKNOWN_NODE = "no such node"
 
 
-def drain_if_allowed(client: SlurmClient, node: str, reason: str) -> DrainOutcome:
+def drain_if_allowed(
+    client: SlurmClient,
+    node: str,
+    reason: str,
+    book: DrainBook | None = None,
+    *,
+    actor: str = "medic",
+    episode_id: int | None = None,
+) -> DrainOutcome:
     """Drain `node` with Medic's `reason` unless it is already out of service for a reason
-    someone else gave (kept as it is), or already drained by Medic (first evidence kept)."""
+    someone else gave (kept as it is), or already drained by Medic (first evidence kept).
+    The drain is recorded in `book` before Slurm is asked; whose an existing drain is comes
+    from the book's records (the reason's prefix only while they are unreachable, or
+    without a book)."""
     if not is_medic_reason(reason):
         raise ValueError(f"not a Medic drain reason (must start with {PREFIX!r}): {reason!r}")
     info = client.node(node)
     if info is None:
         return DrainOutcome.UNKNOWN_NODE
     if (info.drained or info.down) and info.reason:
-        if is_medic_reason(info.reason):
-            return DrainOutcome.ALREADY_MEDIC
-        return DrainOutcome.NOT_OURS_KEPT
+        ours = book.ownership(node, info).recorded if book is not None else None
+        if ours is None:
+            ours = is_medic_reason(info.reason)
+        return DrainOutcome.ALREADY_MEDIC if ours else DrainOutcome.NOT_OURS_KEPT
     # Not out of service, or out of service without a word of why: say why.
+    if book is not None:
+        book.record_drain(node, as_slurm_stores(reason), actor=actor, episode_id=episode_id)
     client.drain(node, reason)
     return DrainOutcome.DRAINED
-
-
-def resume_if_medic(client: SlurmClient, node: str) -> DrainOutcome:
-    """Resume `node` only if Medic drained it (a DOWN node counts: `scontrol reboot
-    nextstate=DOWN` leaves Medic's reason on it)."""
-    info = client.node(node)
-    if info is None:
-        return DrainOutcome.UNKNOWN_NODE
-    if not info.drained and not info.down:
-        return DrainOutcome.NOT_DRAINED
-    if not is_medic_reason(info.reason):
-        return DrainOutcome.NOT_OURS
-    client.resume(node)
-    return DrainOutcome.RESUMED

@@ -15,12 +15,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from medic_core.drain_book import BURN_IN as BURN_IN_ACTOR
 from medic_core.drain_reason import (
     BURN_IN,
     DrainOutcome,
     drain_if_allowed,
     is_burn_in_reason,
-    resume_if_medic,
 )
 from medic_core.settings import BurnInSettings
 from medic_core.slurm import SlurmError
@@ -79,8 +79,9 @@ class BurnInRunner:
         from remediation import tickets
 
         info = self.ladder.slurm.node(self.node)
+        own = self.ladder.book.ownership(self.node, info)
         slurm = (
-            NodeFacts(True, info.drained, info.down, info.reason)
+            NodeFacts(True, info.drained, info.down, info.reason, own.recorded, own.held)
             if info is not None
             else NodeFacts(known=False)
         )
@@ -158,7 +159,9 @@ class BurnInRunner:
             self._event(f"burn-in adopted: {' '.join(facts.checks)} passed here before", "INFO")
         elif step is bi.Step.DRAIN:
             reason = bi.drain_reason(bi.NEW_NODE, facts.checks)
-            outcome = drain_if_allowed(self.ladder.slurm, self.node, reason)
+            outcome = drain_if_allowed(
+                self.ladder.slurm, self.node, reason, self.ladder.book, actor=BURN_IN_ACTOR
+            )
             if outcome is DrainOutcome.DRAINED:
                 self._event(f"never burnt in: drained ({reason})", "WARN")
             if record is None:  # pending: switching new_node off gives the node back
@@ -181,8 +184,17 @@ class BurnInRunner:
             self._event("new_node burn-in switched off: waived", "INFO")
             self._resume_if_burn_in()
         elif step is bi.Step.RESUME:
-            outcome = resume_if_medic(self.ladder.slurm, self.node)
-            self._event(f"burnt in: {outcome.value}", "INFO")
+            from remediation.give_back import give_back
+
+            done = give_back(
+                self.ladder.slurm,
+                self.ladder.book,
+                self.node,
+                actor=BURN_IN_ACTOR,
+                open_episode=facts.open_episode,
+                rma_open=facts.rma_open,
+            )
+            self._event(f"burnt in: {done.text}", "INFO")
         return decision
 
     def _run(self, facts: bi.BurnInFacts, record: bi.Record | None) -> None:
@@ -226,7 +238,15 @@ class BurnInRunner:
             ]  # fmt: skip
         admission = self.ladder.admit(bi.for_ladder(findings, settings.failure_rung))
         if admission.drain:  # put back in service meanwhile: out again, with the fault's reason
-            outcome = drain_if_allowed(self.ladder.slurm, self.node, admission.decision.reason)
+            episode = admission.episode.id if admission.episode is not None else None
+            outcome = drain_if_allowed(
+                self.ladder.slurm,
+                self.node,
+                admission.decision.reason,
+                self.ladder.book,
+                actor=BURN_IN_ACTOR,
+                episode_id=episode,
+            )
             self.ladder.drained(admission, outcome.value)
         if admission.episode is None:
             log.warning("%s: burn-in failure not recorded by the ladder: %s", self.node,

@@ -132,14 +132,23 @@ class NodeFacts:
     drained: bool = False
     down: bool = False
     reason: str = ""
+    # An open drain record of Medic's matches what Slurm shows (node out, the same reason):
+    # True; the records were read and none does: False; neither the store nor the journal
+    # could tell: None (the reason's prefix then decides drains, never a resume).
+    recorded: bool | None = None
+    held: str = ""  # the record waits for a human (a needs-human episode closed): why
+    drain_episode: int | None = None  # the episode the record's drain was made for
 
     @property
     def owner(self) -> str:
         """Whose the node's out-of-service reason is: "medic", "other" or "" (in service,
-        or out of service without a word of why)."""
+        or out of service without a word of why). "medic" only with a record, or, while
+        the records are unreachable, for a reason with Medic's prefix."""
         if not (self.drained or self.down) or not self.reason:
             return ""
-        return "medic" if self.reason.startswith("medic: ") else "other"
+        if self.recorded is None:
+            return "medic" if self.reason.startswith("medic: ") else "other"
+        return "medic" if self.recorded else "other"
 
 
 @dataclass(frozen=True)
@@ -389,10 +398,22 @@ def cap_reason(
 # --- giving a node back ------------------------------------------------------------------------
 
 
+class Refusal(StrEnum):
+    """Why a resume was refused, for the caller's outcome (DrainOutcome) and exit code."""
+
+    NONE = ""
+    NOT_DRAINED = "not_drained"
+    NOT_OURS = "not_ours"  # the records were read: none holds this drain
+    NO_RECORD = "no_record"  # the records are unreachable: no resume without one
+    HELD = "held"  # waits for a human
+    KEPT = "kept"  # Medic's, but an RMA ticket, an episode or a failing check keeps it out
+
+
 @dataclass(frozen=True)
 class ResumeDecision:
     resume: bool
     why: str
+    refusal: Refusal = Refusal.NONE
 
 
 def decide_resume(
@@ -402,22 +423,59 @@ def decide_resume(
     open_episode: int | None = None,
     rma_open: Sequence[int] = (),
     resolving: int | None = None,
+    human: bool = False,
+    force: bool = False,
 ) -> ResumeDecision:
-    """May Medic return this node to service? Only a drain Medic set (as Slurm stores it),
-    with no open RMA ticket, no episode other than the one being resolved, and nothing
-    CRITICAL or UNKNOWN in a fresh check run."""
-    if slurm.owner == "":
-        return ResumeDecision(False, "not drained")
-    if slurm.owner != "medic":
-        return ResumeDecision(False, f"not Medic's drain ({slurm.reason}): left alone")
+    """May this node return to service? Every resume asks here (the ladder's give-back,
+    the HealthCheckProgram, the isolator, spares, burn-in, `medic node resume`, `medic
+    episode close --resume`, `medic check --requalify`). Only a drain Medic's records hold
+    (`slurm.recorded`: never judged on the reason's text, and never without a record), not
+    held for a human unless a human asks (`human`), with no open RMA ticket, no episode
+    other than the one being resolved, a drain made for an episode given back only while
+    resolving that episode (or by a human), and nothing CRITICAL or UNKNOWN in a fresh
+    check run. `force` (a human's `--force`) resumes any drain: the human answers for it."""
+    out = slurm.drained or slurm.down
+    if not out:
+        return ResumeDecision(False, "not drained", Refusal.NOT_DRAINED)
+    if force and human:
+        whose = (
+            "Medic's drain" if slurm.recorded else f"a drain Medic did not record ({slurm.reason})"
+        )
+        return ResumeDecision(True, f"forced by a human: {whose}")
+    if not slurm.reason:
+        return ResumeDecision(
+            False, "out of service without a reason: not Medic's", Refusal.NOT_OURS
+        )
+    if slurm.recorded is None:
+        return ResumeDecision(
+            False,
+            f"Medic's drain records are unreachable (store and journal): no resume without"
+            f" a record ({slurm.reason})",
+            Refusal.NO_RECORD,
+        )
+    if not slurm.recorded:
+        return ResumeDecision(
+            False,
+            f"not Medic's drain: no record of Medic's holds {slurm.reason!r}",
+            Refusal.NOT_OURS,
+        )
+    if slurm.held and not human:
+        return ResumeDecision(
+            False, f"kept for a human ({slurm.held}): `medic node resume`", Refusal.HELD
+        )
+    if slurm.drain_episode is not None and slurm.drain_episode != resolving and not human:
+        # The episode's to give back (the ladder, once repaired) or a human's (it waits for
+        # one, or was closed): never a bystander's such as the HealthCheckProgram.
+        why = f"drained for remediation episode {slurm.drain_episode}: its ladder or a human"
+        return ResumeDecision(False, f"{why} gives it back", Refusal.HELD)
     if rma_open:
-        return ResumeDecision(False, f"RMA ticket {rma_open[0]} is open")
+        return ResumeDecision(False, f"RMA ticket {rma_open[0]} is open", Refusal.KEPT)
     if open_episode is not None and open_episode != resolving:
-        return ResumeDecision(False, f"remediation episode {open_episode} owns it")
+        return ResumeDecision(False, f"remediation episode {open_episode} owns it", Refusal.KEPT)
     if blocking:
         f = blocking[0]
-        return ResumeDecision(False, f"still {f.status.value}: {f.check} {f.message}")
-    return ResumeDecision(True, "re-qualified")
+        return ResumeDecision(False, f"still {f.status.value}: {f.check} {f.message}", Refusal.KEPT)
+    return ResumeDecision(True, "given back by a human" if human else "re-qualified")
 
 
 # --- a hot spare for a requeued job ------------------------------------------------------------

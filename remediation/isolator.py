@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from medic_core import proc
-from medic_core.drain_reason import drain_if_allowed, format_reason, resume_if_medic
+from medic_core.drain_book import ISOLATOR, DrainBook
+from medic_core.drain_reason import drain_if_allowed, format_reason
 from medic_core.settings import IsolationSettings
 from medic_core.slurm import SlurmClient
 from remediation import episodes as ep
@@ -57,6 +58,12 @@ class Isolator:
     event: Event = field(default=_log_event)
     run: Callable[..., proc.CommandResult] = field(default=proc.run)
     sleep: Callable[[float], None] = field(default=time.sleep)
+    # Medic's drain records (medic_core.drain_book); None: the episode store's, no journal.
+    book: DrainBook | None = None
+
+    @property
+    def drains(self) -> DrainBook:
+        return self.book if self.book is not None else DrainBook.of(self.store.store)
 
     # ---- take a GPU out ------------------------------------------------------------------
 
@@ -93,7 +100,9 @@ class Isolator:
             return episode  # nothing of Medic's to undo
         if mine.state in (INTENT, APPLIED):
             reason = format_reason(RESTORE_FAULT, "gpu" + ",".join(str(g) for g in mine.gpus))
-            outcome = drain_if_allowed(self.slurm, self.node, reason)
+            outcome = drain_if_allowed(
+                self.slurm, self.node, reason, self.drains, actor=ISOLATOR, episode_id=episode.id
+            )
             mine = mine.moved(RESTORING)
             episode = self._write(episode, mine)
             self.event(f"GPU(s) {list(mine.gpus)} repaired: drain to restore ({outcome})", "INFO")
@@ -130,9 +139,18 @@ class Isolator:
         self._settle(target.count)
         done = record.moved(APPLIED if record.state == INTENT else RESTORED)
         episode = self._write(episode, done)
-        outcome = resume_if_medic(self.slurm, self.node)
+        from remediation.give_back import give_back
+
+        given = give_back(
+            self.slurm,
+            self.drains,
+            self.node,
+            actor=ISOLATOR,
+            episode_id=episode.id,
+            resolving=episode.id,
+        )
         self.event(
-            f"{self.node} offers {target.gres} (isolated: {list(out)}); resume: {outcome.value}",
+            f"{self.node} offers {target.gres} (isolated: {list(out)}); resume: {given.text}",
             "WARN" if out else "INFO",
         )
         return episode

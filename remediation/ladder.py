@@ -27,11 +27,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from medic_core import proc
+from medic_core.drain_book import LADDER, DrainBook
 from medic_core.drain_reason import (
     DrainOutcome,
+    as_slurm_stores,
     drain_if_allowed,
     format_reason,
-    is_medic_reason,
     parse_reason,
 )
 from medic_core.settings import BurnInSettings, RemediationSettings
@@ -153,6 +154,10 @@ class Ladder:
         self.settings = settings
         self._last_requalify = -REQUALIFY_RETRY
         self._not_isolated: set[int] = set()  # episodes isolation was decided against
+        # Medic's drain records (medic_core.drain_book): every drain the ladder makes is
+        # written there first, and it gives back only a drain they hold. The daemon sets
+        # one with the node's journal too (kept when the store is down).
+        self.book = DrainBook.of(store.store)
 
     # ---- admission: before Medic drains anything --------------------------------------
 
@@ -211,6 +216,7 @@ class Ladder:
             log.warning("%s: cannot read Slurm: %s", self.node, exc)
             nodes = None
         info = next((n for n in nodes or () if n.name == self.node), None)
+        own = self.book.ownership(self.node, info)
         cap = (
             "cannot read Slurm to apply the drain cap"
             if nodes is None
@@ -220,7 +226,7 @@ class Ladder:
         )
         return FaultFacts(
             node=self.node,
-            slurm=NodeFacts(True, info.drained, info.down, info.reason)
+            slurm=NodeFacts(True, info.drained, info.down, info.reason, own.recorded, own.held)
             if info is not None
             else NodeFacts(known=False),
             jobs=tuple(jobs),
@@ -249,8 +255,9 @@ class Ladder:
             log.warning("%s: cannot read Slurm: %s", self.node, exc)
             nodes = None
         info = next((n for n in nodes or () if n.name == self.node), None)
+        own = self.book.ownership(self.node, info)
         slurm = (
-            NodeFacts(True, info.drained, info.down, info.reason)
+            NodeFacts(True, info.drained, info.down, info.reason, own.recorded, own.held)
             if info is not None
             else NodeFacts(known=False)
         )
@@ -453,7 +460,9 @@ class Ladder:
                 return episode
             reason = format_reason(episode.fault_class, episode.target, "drain cap freed")
             try:
-                outcome = drain_if_allowed(self.slurm, self.node, reason)
+                outcome = drain_if_allowed(
+                    self.slurm, self.node, reason, self.book, actor=LADDER, episode_id=episode.id
+                )
             except SlurmError as exc:
                 log.warning("%s: drain after the cap freed failed: %s", self.node, exc)
                 return episode
@@ -478,9 +487,15 @@ class Ladder:
             info = self.slurm.node(self.node)
             if info is None or info.drained:
                 return
-            if info.reason and not is_medic_reason(info.reason):
-                return  # someone else's reason: theirs to keep
+            # DOWN with Medic's recorded reason (the reboot rung's): drained again with it.
+            # Someone else's reason (no record holds it) is theirs to keep.
+            own = self.book.ownership(self.node, info) if info.reason else None
+            if own is not None and own.recorded is False:
+                return
+            if own is not None and own.recorded is None and not parse_reason(info.reason):
+                return
             reason = info.reason or format_reason("rma.open", "", "RMA ticket open")
+            self.book.record_drain(self.node, as_slurm_stores(reason), actor=LADDER)
             self.slurm.drain(self.node, reason)
         except SlurmError as exc:
             log.warning("%s: could not keep the RMA node drained: %s", self.node, exc)
@@ -581,6 +596,10 @@ class Ladder:
         argv = ["scontrol", "reboot", "ASAP", "nextstate=DOWN", f"reason={reason}", self.node]
         step = self.store.record_intent(episode, Rung.REBOOT, "reboot", argv, self.host.boot_id())
         episode = self.store.update(episode.id, state=ep.REBOOTING)
+        # `scontrol reboot ASAP` drains with this reason and leaves it on the DOWN node.
+        self.book.record_drain(
+            self.node, as_slurm_stores(reason), actor=LADDER, episode_id=episode.id
+        )
         try:
             self.slurm.reboot(self.node, reason, nextstate="DOWN")
         except SlurmError as exc:
@@ -629,7 +648,9 @@ class Ladder:
         loses Medic's reason to "reboot timed out" first). Drain it again until verified."""
         reason = format_reason(episode.fault_class, episode.target, "rebooted, verifying")
         try:
-            outcome = drain_if_allowed(self.slurm, self.node, reason)
+            outcome = drain_if_allowed(
+                self.slurm, self.node, reason, self.book, actor=LADDER, episode_id=episode.id
+            )
         except SlurmError as exc:
             log.warning("%s: could not keep the rebooted node out: %s", self.node, exc)
             return
@@ -730,7 +751,7 @@ class Ladder:
         outcome = None
         if last is not None and last.ticket_id in flagged:
             try:  # before the flags are cleared: if Slurm fails, they stay, to try again
-                outcome = self._give_back()
+                outcome = self._give_back(last)
             except SlurmError as exc:
                 log.warning("%s: re-qualified, but Slurm failed: %s", self.node, exc)
                 return None
@@ -836,7 +857,9 @@ class Ladder:
     def _drain_whole(self, episode: ep.Episode) -> None:
         reason = format_reason(episode.fault_class, episode.target, "isolated GPU: next rung")
         try:
-            drain_if_allowed(self.slurm, self.node, reason)
+            drain_if_allowed(
+                self.slurm, self.node, reason, self.book, actor=LADDER, episode_id=episode.id
+            )
         except SlurmError as exc:
             log.warning("%s: could not drain the node for the next rung: %s", self.node, exc)
 
@@ -858,7 +881,7 @@ class Ladder:
             return self._restore(episode, self.isolation())
         if outcome is None:
             try:
-                outcome = self._give_back()
+                outcome = self._give_back(episode)
             except SlurmError as exc:  # tried again at the next tick; noted once
                 note = f"resume: {exc}"
                 if note in episode.message:
@@ -872,18 +895,29 @@ class Ladder:
         )
         return self.store.update(episode.id, state=ep.RESOLVED)
 
-    def _give_back(self) -> str:
-        """Resume the node if Medic drained it, unless an open RMA ticket keeps it out."""
-        from medic_core.drain_reason import resume_if_medic
+    def _give_back(self, episode: ep.Episode) -> str:
+        """Resume the node through the decision core (remediation.give_back): only a drain
+        Medic's records hold, never with an RMA ticket open."""
         from remediation import tickets
+        from remediation.give_back import give_back
 
-        if tickets.open_tickets(self.store.store, self.node):
+        rma_open = tickets.open_tickets(self.store.store, self.node)
+        if rma_open:
             return "kept out: an RMA ticket is open"
         if self.spares is not None:  # a short spare pool takes it (remediation.spares)
             joined = self.spares()
             if joined:
                 return joined
-        return resume_if_medic(self.slurm, self.node).value
+        done = give_back(
+            self.slurm,
+            self.book,
+            self.node,
+            actor=LADDER,
+            episode_id=episode.id,
+            resolving=episode.id,
+            rma_open=rma_open,
+        )
+        return done.text
 
     def _rma(self, episode: ep.Episode, why: str) -> ep.Episode:
         ticket = self.host.open_rma(episode, why)

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from medic_core.drain_reason import resume_if_medic
+from medic_core.drain_book import SPARES, DrainBook
 from medic_core.settings import SpareSettings
 from medic_core.slurm import NodeInfo, SlurmError, expand_hostlist
 from medic_core.status import Status
@@ -55,6 +55,7 @@ from remediation.decide import (
     decide_spare_tending,
     spare_key,
 )
+from remediation.give_back import give_back
 from remediation.sweep.runner import SweepSlurm, _user
 
 log = logging.getLogger("medic.spares")
@@ -417,7 +418,8 @@ class SparePool:
             self.slurm.set_reservation_nodes(name, [*pool, node])
         else:
             self.slurm.create_reservation(name, node, self.settings.hold_days * 24 * 60, _user())
-        outcome = resume_if_medic(self.slurm, node).value
+        book = DrainBook.of(self.store)  # called at the ladder's give-back of its episode
+        outcome = give_back(self.slurm, book, node, actor=SPARES, resolving_its_episode=True).text
         self._event(node, Severity.INFO, f"{node} joined the spare pool {name} after the deep"
                     f" tier ({len(pool) + 1}/{self.settings.size}); {outcome}", action=JOINED,
                     pool=[*pool, node])  # fmt: skip

@@ -37,6 +37,7 @@ from slurm_hooks.resilient import parse_resilient
 if TYPE_CHECKING:
     import datetime as dt
 
+    from medic_core.drain_book import DrainBook
     from medic_core.store import Store
 
 log = logging.getLogger("medic.hooks")
@@ -166,13 +167,22 @@ def record_gate(config: MedicConfig, job_id: str, verdict: Verdict, decision: Ga
 
 
 def drain_through_core(
-    client: SlurmClient, config: MedicConfig, findings: Sequence[Finding]
+    client: SlurmClient,
+    config: MedicConfig,
+    findings: Sequence[Finding],
+    book: DrainBook | None = None,
 ) -> tuple[FaultDecision, DrainOutcome | None]:
     """A hook's drain (the prolog's refusal, the HealthCheckProgram's backstop): the same
-    decision core and rails as the daemon's, with the facts Slurm holds (owner, cap); jobs
-    are the daemon's to requeue, so none are touched here."""
+    decision core and rails as the daemon's, with the facts Slurm holds (cap) and Medic's
+    drain records (owner; the drain is recorded before Slurm is asked); jobs are the
+    daemon's to requeue, so none are touched here."""
+    from medic_core.drain_book import HOOK, node_book
+
+    book = book if book is not None else node_book(config)
     me = client.node(config.node_name)
-    slurm = NodeFacts(True, me.drained, me.down, me.reason) if me else NodeFacts(False)
+    own = book.ownership(config.node_name, me) if me is not None and me.reason else None
+    recorded = own.recorded if own is not None else False
+    slurm = NodeFacts(True, me.drained, me.down, me.reason, recorded) if me else NodeFacts(False)
     cap = ""
     if slurm.known and slurm.owner == "":
         # Only a drain of our own can pass the cap, and the cap counts Medic's drains across
@@ -185,7 +195,9 @@ def drain_through_core(
     facts = FaultFacts(node=config.node_name, slurm=slurm, rails=Rails(cap=cap))
     decision = decide_fault(findings, facts)
     drained = (
-        drain_if_allowed(client, config.node_name, decision.reason) if decision.drain else None
+        drain_if_allowed(client, config.node_name, decision.reason, book, actor=HOOK)
+        if decision.drain
+        else None
     )
     return decision, drained
 
@@ -261,10 +273,18 @@ def carry_out(
     node: str,
     decision: FaultDecision,
     after_requeue: Callable[[str, int], None] | None = None,
+    *,
+    book: DrainBook | None = None,
+    episode_id: int | None = None,
 ) -> tuple[DrainOutcome | None, list[JobAction]]:
-    """Do what the decision core decided: drain (Medic's reason, never over another's),
-    requeue, and tell each job's owner why in its AdminComment (with the restart ledger)."""
-    drained = drain_if_allowed(client, node, decision.reason) if decision.drain else None
+    """Do what the decision core decided: drain (Medic's reason, never over another's;
+    recorded in `book` first, with the episode), requeue, and tell each job's owner why in
+    its AdminComment (with the restart ledger)."""
+    drained = (
+        drain_if_allowed(client, node, decision.reason, book, actor="daemon", episode_id=episode_id)
+        if decision.drain
+        else None
+    )
     actions: list[JobAction] = []
     for job in decision.jobs:
         if job.action != "requeue":

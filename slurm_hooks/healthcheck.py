@@ -5,7 +5,12 @@ nothing but SLURMD_NODENAME in its environment).
   a fault appears; this catches a daemon that could not reach slurmctld at the time).
 * A node Medic drained is resumed once it re-qualifies: a fresh run of the launch and
   periodic tiers with nothing CRITICAL or UNKNOWN, and no remediation episode owning the
-  node (the ladder returns its nodes itself). A drain set by anyone else is never touched.
+  node (the ladder returns its nodes itself). Whose a drain is comes from Medic's drain
+  records (medic_core.drain_book), never from the reason's text: a drain with no record
+  (an admin's `medic: x` too) is never touched, and a drain made for an episode (the
+  ladder's, or one a human closed) is the ladder's or a human's to give back, not this
+  program's. Every resume goes through the decision core (remediation.give_back) and is
+  recorded with the actor `hook` before Slurm is asked.
 * The daemon being down is reported (exit 1, which slurmd logs) and the launch tier runs
   inline instead, so a CRITICAL node is still drained.
 * Events the hooks could not record (the store down or its disk full) wait in the node's
@@ -50,10 +55,12 @@ def health_check(
 ) -> HealthCheckOutcome:
     from healthd.api import HealthdUnavailable, ask
     from healthd.inline import run_inline
-    from medic_core.drain_reason import is_medic_reason, resume_if_medic
+    from medic_core.drain_book import HOOK, node_book
+    from medic_core.drain_reason import is_medic_reason
     from medic_core.status import Status
     from medic_core.vocabulary import Finding, Verdict
-    from remediation.decide import NodeFacts, decide_resume
+    from remediation.decide import decide_resume
+    from remediation.give_back import facts_of, give_back
     from slurm_hooks.actions import drain_through_core
 
     node = config.node_name
@@ -67,16 +74,27 @@ def health_check(
         verdict = Verdict(verdict.status, verdict.findings, "inline", verdict.seconds, str(exc))
     down = "" if daemon_up else f" (medic-healthd unreachable: {verdict.note})"
     info = client.node(node)
-    medic_drained = info is not None and info.drained and is_medic_reason(info.reason)
+    book = node_book(config)
+    # The store is opened (the records read) only for a node Slurm shows drained.
+    own = book.ownership(node, info) if info is not None and info.drained else None
+    reason = info.reason if info is not None else ""
+    medic_drained = own is not None and (
+        own.recorded is True or (own.recorded is None and is_medic_reason(reason))
+    )
     critical = [f for f in verdict.findings if f.status is Status.CRITICAL]
     if critical and not medic_drained:
-        decision, drained = drain_through_core(client, config, critical)
+        decision, drained = drain_through_core(client, config, critical, book)
         said = drained.value if drained else f"not drained: {decision.why or 'already out'}"
         return HealthCheckOutcome(daemon_up, "drained" if drained else "kept", f"{said}{down}")
     if not medic_drained:
         return HealthCheckOutcome(daemon_up, "none", f"{verdict.status.value}{down}")
     if not settings.resume or not daemon_up:
         return HealthCheckOutcome(daemon_up, "kept", f"medic drain kept{down}")
+    # Before the fresh run: a drain kept for a human or an episode is not this program's.
+    assert own is not None
+    ahead = decide_resume(facts_of(info, own))
+    if not ahead.resume:
+        return HealthCheckOutcome(daemon_up, "kept", ahead.why)
     owner = remediation_owns(config, node)
     if owner:
         return HealthCheckOutcome(daemon_up, "owned_by_ladder", owner)
@@ -95,14 +113,12 @@ def health_check(
         return HealthCheckOutcome(
             daemon_up, "kept", f"still {first.status.value}: {first.check} {first.message}"
         )
-    # The node's reason as Slurm stores it now (a human may have changed it meanwhile).
-    now = client.node(node)
-    facts = NodeFacts(True, now.drained, now.down, now.reason) if now else NodeFacts(False)
-    giving_back = decide_resume(facts)
-    if not giving_back.resume:
-        return HealthCheckOutcome(daemon_up, "kept", giving_back.why)
-    resumed = resume_if_medic(client, node)
-    return HealthCheckOutcome(daemon_up, "resumed", f"re-qualified: {resumed.value}")
+    # The node as Slurm stores it now (a human may have changed it meanwhile), its drain
+    # record read again: the decision core decides, the resume is recorded first.
+    done = give_back(client, book, node, actor=HOOK)
+    if not done.resumed:
+        return HealthCheckOutcome(daemon_up, "kept", done.why)
+    return HealthCheckOutcome(daemon_up, "resumed", f"re-qualified: {done.text}")
 
 
 def main() -> int:

@@ -109,7 +109,7 @@ def deep_runs(node: BurnNode) -> int:
 # --- the pure decision --------------------------------------------------------------------------
 
 IN_SERVICE = NodeFacts()
-BURN_DRAINED = NodeFacts(drained=True, reason=bi.drain_reason(bi.NEW_NODE, (DEEP,)))
+BURN_DRAINED = NodeFacts(drained=True, reason=bi.drain_reason(bi.NEW_NODE, (DEEP,)), recorded=True)
 ADMIN = NodeFacts(drained=True, reason="admin: cabling")
 
 

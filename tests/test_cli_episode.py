@@ -19,6 +19,7 @@ from cli import node_view
 from cli.admin import jobs, remediation
 from cli.episode import episode
 from cli.nodes import node, nodes
+from medic_core.drain_book import DrainBook
 from medic_core.drain_reason import is_medic_reason
 from medic_core.settings import RemediationSettings
 from medic_core.slurm import JobInfo, NodeInfo, SlurmError
@@ -113,6 +114,9 @@ def test_close_records_who_and_why_leaves_slurm_alone_and_refuses_twice(
     store, conf = db
     slurm.add("n3", "IDLE", ("DRAIN",), "medic: gpu.xid.79 gpu2")
     e = opened(store, "n3", ep.NEEDS_HUMAN)
+    DrainBook.of(store).record_drain(
+        "n3", "medic: gpu.xid.79 gpu2", actor="daemon", episode_id=e.id
+    )
 
     empty = run(episode, "close", str(e.id), "--reason", "  ", *conf)
     assert empty.exit_code == 2 and "--reason is empty" in empty.stderr
@@ -120,8 +124,10 @@ def test_close_records_who_and_why_leaves_slurm_alone_and_refuses_twice(
     closed = run(episode, "close", str(e.id), "--reason", "reseated GPU 2", *conf)
     assert closed.exit_code == 0, closed.output
     assert f"episode {e.id} on n3 closed (was needs_human): reseated GPU 2" in closed.stdout
-    assert "n3 is NOT resumed" in closed.stdout and "medic node resume n3" in closed.stdout
+    assert "n3: NOT resumed" in closed.stdout and "medic node resume n3" in closed.stdout
     assert slurm.calls == []  # closing touches no node
+    held = store.open_drain("n3")  # Medic's drain now waits for a human (issue 22)
+    assert held is not None and "closed without --resume" in held.held
 
     after = ep.EpisodeStore(store).get(e.id)
     assert after is not None and after.state == ep.CLOSED and after.closed_at is not None
@@ -252,6 +258,7 @@ def test_resume_refused_by_a_stuck_episode_says_how_to_close_it(
     store, conf = db
     slurm.add("n4", "IDLE", ("DRAIN",), "medic: gpu.xid.48 gpu1")
     stuck = opened(store, "n4", ep.PAUSED)
+    DrainBook.of(store).record_drain("n4", "medic: gpu.xid.48 gpu1", actor="daemon")
     refused = run(node, "resume", "n4", "--reason", "done", *conf)
     assert refused.exit_code == 1
     assert f"close it (medic episode close {stuck.id} --reason TEXT)" in refused.stderr

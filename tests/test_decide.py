@@ -3,6 +3,8 @@ that it decides: each builds the facts of the lab's scenario and checks the deci
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -217,23 +219,31 @@ def test_a_job_pinned_to_the_node_is_told_it_waits_for_it() -> None:
 # --- ownership: Medic resumes only its own drains -----------------------------------------
 
 
-@pytest.mark.parametrize("typed", ['"maintenance"', '"admin: reseat GPU 2"', "bios"])
+@pytest.mark.parametrize(
+    "typed", ['"maintenance"', '"admin: reseat GPU 2"', "bios", "medic: x", '"medic: x"']
+)
 def test_medic_never_resumes_an_admins_drain_quoted_or_not(typed: str) -> None:
     stored = as_slurm_stores(typed)
     assert not stored.startswith('"')
-    d = decide_resume(NodeFacts(drained=True, reason=stored))
+    # The records were read and none holds it: not Medic's, whatever the text says.
+    d = decide_resume(NodeFacts(drained=True, reason=stored, recorded=False))
     assert not d.resume and "not Medic's drain" in d.why
+    # The records unreachable: no resume without a record, whatever the text says.
+    d = decide_resume(NodeFacts(drained=True, reason=stored, recorded=None))
+    assert not d.resume and "no resume without a record" in d.why
     # and a human's quoted "medic: ..." is refused before Slurm stores it as Medic's
     assert claims_medic_prefix(f'"medic: {typed}"')
 
 
 def test_medic_resumes_its_own_drain_unless_a_ticket_or_another_episode_holds_it() -> None:
-    assert decide_resume(MEDIC_DRAINED).resume
-    assert decide_resume(NodeFacts(down=True, reason=MEDIC_DRAINED.reason)).resume
-    assert not decide_resume(MEDIC_DRAINED, rma_open=[4]).resume
-    assert not decide_resume(MEDIC_DRAINED, open_episode=3, resolving=2).resume
-    assert decide_resume(MEDIC_DRAINED, open_episode=3, resolving=3).resume
+    ours = dataclasses.replace(MEDIC_DRAINED, recorded=True)
+    assert decide_resume(ours).resume
+    assert decide_resume(NodeFacts(down=True, reason=ours.reason, recorded=True)).resume
+    assert not decide_resume(ours, rma_open=[4]).resume
+    assert not decide_resume(ours, open_episode=3, resolving=2).resume
+    assert decide_resume(ours, open_episode=3, resolving=3).resume
     assert not decide_resume(IN_SERVICE).resume
+    assert not decide_resume(MEDIC_DRAINED).resume  # the text alone: no record
 
 
 # --- hostile or odd input, failing dependencies ----------------------------------------------

@@ -157,7 +157,8 @@ def test_admin_drain_is_never_touched(lab: Lab, store: Store) -> None:
 def test_healthcheck_resumes_what_medic_drained_once_clean(
     lab: Lab, store: Store, tmp_path: Path
 ) -> None:
-    # The ladder off, so the health check (not a GPU reset) is what returns the node.
+    # The ladder off: the daemon's drain is for an episode that waits for a human
+    # (needs_human), which the health check never gives back, clean or not (issue 22).
     config = tmp_path / "medic.toml"
     text = lab.layout.medic_conf.read_text()
     config.write_text(text.replace("[remediation]\n", "[remediation]\nenabled = false\n", 1))
@@ -170,5 +171,20 @@ def test_healthcheck_resumes_what_medic_drained_once_clean(
 
     lab.inject("n4", 2, ["nvlink.1=up"])
     result = run_hook(lab, "medic-healthcheck", "n4")
+    assert "remediation episode" in result.stdout, result.stdout + result.stderr
+    assert drained_by_medic(lab, "n4"), "a needs-human episode's node resumed by the health check"
+
+    # The health check's own backstop drain (the daemon down), no episode: given back once
+    # clean, the resume recorded with its actor.
+    lab.slurm(["scontrol", "update", "nodename=n4", "state=resume"])
+    lab.stop_healthd("n4")
+    lab.inject("n4", 2, ["nvlink.1=down"])
+    result = run_hook(lab, "medic-healthcheck", "n4")
+    assert drained_by_medic(lab, "n4"), result.stdout + result.stderr
+    lab.inject("n4", 2, ["nvlink.1=up"])
+    lab.start_healthd("n4", config=config)
+    result = run_hook(lab, "medic-healthcheck", "n4")
     assert "re-qualified" in result.stdout, result.stdout + result.stderr
     poll("n4 resumed", lambda: "DRAIN" not in node_state(lab, "n4")["state_flags"], timeout=10)
+    [resume] = store.events("n4", kind="medic.resume")
+    assert resume.evidence["actor"] == "hook" and resume.evidence["episode_id"] is None

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from medic_core import proc
 from medic_core.config import ConfigError, MedicConfig, load_config
+from medic_core.drain_book import DrainBook
 from medic_core.drain_reason import format_reason
 from medic_core.settings import IsolationSettings, load_settings
 from medic_core.slurm import NodeInfo, SlurmClient
@@ -220,7 +221,9 @@ def world(store: Store) -> tuple[MemorySlurm, ep.EpisodeStore, Isolator, ep.Epis
     config = dataclasses.replace(ON, apply=("apply", "{node}", "{isolated}"), settle_timeout=1)
     client: SlurmClient = slurm  # type: ignore[assignment]
     isolator = Isolator("n1", episodes, client, config, run=slurm.run, sleep=lambda _s: None)
-    slurm.drain("n1", format_reason("gpu.xid.94", "gpu5"))
+    reason = format_reason("gpu.xid.94", "gpu5")
+    DrainBook.of(store).record_drain("n1", reason, actor="daemon")  # Medic's drain, recorded
+    slurm.drain("n1", reason)
     episode = episodes.open_episode(
         "n1", state=ep.WAITING_IDLE, fault_class="gpu.xid.94", target="5", check="gpu_xid",
         recommendation="gpu_reset", rung=1, message="XID 94", evidence={"xid": 94},

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from medic_core.drain_book import DrainBook
 from medic_core.drain_reason import is_medic_reason
 from medic_core.proc import CommandResult
 from medic_core.settings import RemediationSettings
@@ -482,7 +483,10 @@ class World:
         self.nodes[node].findings = list(findings)
         ladder = self.daemon(node)
         admission = ladder.admit(findings, job_facts(self.slurm, node))
-        drained, _ = carry_out(self.slurm, node, admission.decision)
+        episode = admission.episode.id if admission.episode is not None else None
+        drained, _ = carry_out(
+            self.slurm, node, admission.decision, book=ladder.book, episode_id=episode
+        )
         if drained is not None:
             ladder.drained(admission, drained.value)
         return admission
@@ -533,6 +537,11 @@ class World:
             recommendation="gpu_reset", rung=rung, message="earlier", evidence={},
         )  # fmt: skip
         return self.episodes.update(e.id, **values) if values else e
+
+    def medic_drained(self, node: str, reason: str) -> None:
+        """A drain Medic made earlier: its record (medic_core.drain_book), then Slurm's."""
+        DrainBook.of(self.store).record_drain(node, reason, actor="ladder")
+        self.slurm.admin_drain(node, reason)
 
     def rma_ticket(self, node: str, fault_class: str = "gpu.remap.failure") -> int:
         return tickets.open_ticket(
@@ -1084,7 +1093,7 @@ def test_a_repair_on_a_node_with_an_open_rma_ticket_never_returns_it_to_service(
     keeps the node out (not resumed, then drained again at the next tick)."""
     ticket = world.rma_ticket("n1")
     world.opened("n1", ep.RMA, rung=4, ticket_id=ticket)
-    world.slurm.admin_drain("n1", "medic: gpu.xid.95 gpu3 RMA ticket")
+    world.medic_drained("n1", "medic: gpu.xid.95 gpu3 RMA ticket")
     admission = world.fault("n1", XID_79)
     assert admission.episode is not None and admission.episode.state == ep.WAITING_IDLE
     episode = world.run("n1")
@@ -1287,7 +1296,7 @@ def test_a_slurm_error_on_keep_out_is_retried_at_the_next_tick(world: World) -> 
 def test_a_slurm_error_on_the_requalification_resume_is_retried(world: World) -> None:
     ticket = world.rma_ticket("n1")
     world.opened("n1", ep.RMA, rung=4, ticket_id=ticket)
-    world.slurm.admin_drain("n1", "medic: gpu.remap.failure gpu1 RMA")
+    world.medic_drained("n1", "medic: gpu.remap.failure gpu1 RMA")
     world.close_ticket(ticket)
     world.slurm.fail("resume")
     world.tick("n1")
@@ -1416,7 +1425,7 @@ def test_a_record_left_at_intent_is_carried_out_once_more_without_a_new_decision
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gres = isolating(world, monkeypatch)
-    world.slurm.admin_drain("n1", format_reason("gpu.xid.95", "gpu3"))
+    world.medic_drained("n1", format_reason("gpu.xid.95", "gpu3"))
     record = {"gpus": [3], "gpus_total": 8, "state": "intent"}
     world.opened("n1", ep.WAITING_IDLE, evidence={"isolation": record})
     world.tick("n1")  # the restarted daemon: the same state, applied again, confirmed

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli.lab.cluster import Lab
+from medic_core.drain_book import DrainBook
 from medic_core.drain_reason import (
     MAX_REASON,
     DrainOutcome,
@@ -20,7 +21,6 @@ from medic_core.drain_reason import (
     format_reason,
     is_medic_reason,
     parse_reason,
-    resume_if_medic,
 )
 from medic_core.slurm import (
     CliSlurm,
@@ -33,6 +33,8 @@ from medic_core.slurm import (
     parse_jobs,
     parse_nodes,
 )
+from medic_core.store import open_store
+from remediation.give_back import give_back
 from slurm_hooks.release import REVOKE_GRACE
 from tests.conftest import poll
 
@@ -367,9 +369,15 @@ def test_drain_if_allowed_takes_only_medic_reasons() -> None:
         (None, DrainOutcome.UNKNOWN_NODE),
     ],
 )
-def test_resume_if_medic(node: NodeInfo | None, outcome: DrainOutcome) -> None:
+def test_resume_of_medics_recorded_drain(
+    node: NodeInfo | None, outcome: DrainOutcome, tmp_path: Path
+) -> None:
     fake = FakeSlurm(node)
-    assert resume_if_medic(fake, "n1") is outcome  # type: ignore[arg-type]
+    with open_store(f"sqlite:///{tmp_path / 'medic.db'}") as store:
+        book = DrainBook.of(store)
+        book.record_drain("n1", OURS, actor="daemon")  # Medic's record of its drain
+        done = give_back(fake, book, "n1", actor="test")  # type: ignore[arg-type]
+    assert done.outcome is outcome
     assert fake.calls == (["resume"] if outcome is DrainOutcome.RESUMED else [])
 
 
@@ -455,25 +463,35 @@ def test_drain_shows_reason_user_and_time_then_resume(backend: tuple[SlurmClient
 
 
 def test_medic_never_overwrites_nor_resumes_an_admin_drain(
-    backend: tuple[SlurmClient, Lab],
+    backend: tuple[SlurmClient, Lab], tmp_path: Path
 ) -> None:
     client, lab = backend
     lab.slurm(["scontrol", "update", "nodename=n3", "state=drain", "reason=admin: fan noise"])
-    assert drain_if_allowed(client, "n3", OURS) is DrainOutcome.NOT_OURS_KEPT
-    assert resume_if_medic(client, "n3") is DrainOutcome.NOT_OURS
+    with open_store(f"sqlite:///{tmp_path / 'medic.db'}") as store:
+        book = DrainBook.of(store)
+        assert drain_if_allowed(client, "n3", OURS, book) is DrainOutcome.NOT_OURS_KEPT
+        assert give_back(client, book, "n3", actor="test").outcome is DrainOutcome.NOT_OURS
     node = client.node("n3")
     assert node is not None and node.drained and node.reason == "admin: fan noise"
 
 
-def test_medic_drains_once_and_resumes_its_own(backend: tuple[SlurmClient, Lab]) -> None:
+def test_medic_drains_once_and_resumes_its_own(
+    backend: tuple[SlurmClient, Lab], tmp_path: Path
+) -> None:
     client, _ = backend
-    assert drain_if_allowed(client, "n4", OURS) is DrainOutcome.DRAINED
-    later = format_reason("gpu.ecc.dbe", "1", "second fault")
-    assert drain_if_allowed(client, "n4", later) is DrainOutcome.ALREADY_MEDIC
-    node = client.node("n4")
-    assert node is not None and node.reason == OURS  # the first evidence is kept
-    assert resume_if_medic(client, "n4") is DrainOutcome.RESUMED
-    poll("n4 not drained", lambda: resume_if_medic(client, "n4") is DrainOutcome.NOT_DRAINED)
+    with open_store(f"sqlite:///{tmp_path / 'medic.db'}") as store:
+        book = DrainBook.of(store)
+        assert drain_if_allowed(client, "n4", OURS, book) is DrainOutcome.DRAINED
+        later = format_reason("gpu.ecc.dbe", "1", "second fault")
+        assert drain_if_allowed(client, "n4", later, book) is DrainOutcome.ALREADY_MEDIC
+        node = client.node("n4")
+        assert node is not None and node.reason == OURS  # the first evidence is kept
+        assert give_back(client, book, "n4", actor="test").outcome is DrainOutcome.RESUMED
+
+        def resumed() -> bool:
+            return give_back(client, book, "n4", actor="t").outcome is DrainOutcome.NOT_DRAINED
+
+        poll("n4 not drained", resumed)
 
 
 def test_jobs_on_a_node_including_multi_node_jobs(backend: tuple[SlurmClient, Lab]) -> None:

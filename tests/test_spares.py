@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from medic_core.drain_book import DrainBook
 from medic_core.settings import SpareSettings
 from medic_core.slurm import JobInfo, NodeInfo, SlurmError
 from medic_core.status import Status
@@ -338,6 +339,8 @@ def test_a_repaired_node_joins_a_short_pool_after_the_deep_tier(store: Store) ->
         ran.append("deep")
         return DEEP_PASS
 
+    # Medic's drain of n1, recorded when it was made (medic_core.drain_book)
+    DrainBook.of(store).record_drain("n1", "medic: gpu.xid.79 gpu0", actor="daemon")
     outcome = pool(slurm, store).join("n1", deep)
     assert ran == ["deep"]
     assert outcome.startswith("joined the spare pool medic-spares")

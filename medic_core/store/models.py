@@ -331,3 +331,70 @@ class RmaOutboxRow(Base):
     next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime())  # also the claim lease
     last_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+# -- drain records (schema version 7; the API is Store.record_drain and its siblings) -------
+
+_STILL_OPEN = text("closed_at IS NULL")
+
+
+@dataclass(frozen=True)
+class DrainRecord:
+    """One drain Medic made: written before Slurm was asked, closed by the resume that
+    gave the node back (or by the next drain of the node, which replaces it)."""
+
+    id: int
+    node: str
+    reason: str  # as Slurm stores it (drain_reason.as_slurm_stores)
+    actor: str  # daemon, ladder, hook, isolator, burn-in, cli:<login>(uid N)
+    episode_id: int | None
+    drained_at: datetime
+    held: str = ""  # why only a human may give it back (a needs-human episode closed)
+    closed_at: datetime | None = None
+    closed_by: str = ""
+    note: str = ""
+
+    @property
+    def open(self) -> bool:
+        return self.closed_at is None
+
+
+class DrainRecordRow(Base):
+    __tablename__ = "drain_records"
+    __table_args__ = (
+        # At most one open record per node: a new drain replaces the previous one.
+        Index(
+            "ux_drain_records_open_node",
+            "node",
+            unique=True,
+            sqlite_where=_STILL_OPEN,
+            postgresql_where=_STILL_OPEN,
+        ),
+        Index(None, "node", "drained_at"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(id_type(), primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(NODE_LEN))
+    reason: Mapped[str] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(String(NODE_LEN))
+    episode_id: Mapped[int | None] = mapped_column(BigInteger)
+    drained_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    held: Mapped[str] = mapped_column(Text)
+    closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    closed_by: Mapped[str] = mapped_column(String(NODE_LEN))
+    note: Mapped[str] = mapped_column(Text)
+
+    def to_record(self) -> DrainRecord:
+        return DrainRecord(
+            id=self.id,
+            node=self.node,
+            reason=self.reason,
+            actor=self.actor,
+            episode_id=self.episode_id,
+            drained_at=self.drained_at,
+            held=self.held,
+            closed_at=self.closed_at,
+            closed_by=self.closed_by,
+            note=self.note,
+        )

@@ -40,6 +40,8 @@ from medic_core.store.models import (
     ConditionChange,
     ConditionRow,
     ConditionUpdate,
+    DrainRecord,
+    DrainRecordRow,
     Event,
     EventRow,
     Severity,
@@ -50,6 +52,13 @@ from medic_core.store.models import (
 )
 
 DEFAULT_EVENT_RETENTION_DAYS = 90
+# The events of Medic's drain records (docs/store.md): each also opens, closes or holds a
+# row of `drain_records` in the same transaction, whichever way it arrives (a direct call,
+# the daemon's socket, or a journal replay after the store was down).
+DRAIN_RECORDED = "medic.drain"
+DRAIN_RESUMED = "medic.resume"
+DRAIN_HELD = "medic.drain_held"
+DRAIN_KINDS = frozenset({DRAIN_RECORDED, DRAIN_RESUMED, DRAIN_HELD})
 DEFAULT_EVENTS_LIMIT = 1000
 STORE_KEYS = ("url", "event_retention_days", "pool", "pool_size")
 MAX_POOL_SIZE = 50
@@ -371,10 +380,15 @@ class Store:
         target: str = "",
         evidence: Mapping[str, Any] | None = None,
     ) -> Event:
-        """Append one occurrence; returns it with its id."""
+        """Append one occurrence; returns it with its id. An event of a drain record
+        (DRAIN_KINDS) also opens, closes or holds the record, in the same transaction."""
         values = _event_values(
             node, at, kind, severity, source, message, fault_class, target, evidence
         )
+        if kind in DRAIN_KINDS:
+            with Session(self._writer) as session, session.begin():
+                event_id = _drain_event(session, values)
+            return Event(id=event_id, **{**values, "severity": Severity(values["severity"])})
         with self._writer.begin() as conn:
             event_id = conn.execute(insert(EventRow).returning(EventRow.id), values).scalar_one()
         return Event(id=event_id, **{**values, "severity": Severity(values["severity"])})
@@ -390,10 +404,77 @@ class Store:
                 rows.append(_event_values(**event))
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"event {place + 1} of the batch: {exc}") from None
-        if rows:
+        if any(row["kind"] in DRAIN_KINDS for row in rows):
+            with Session(self._writer) as session, session.begin():
+                for row in rows:
+                    if row["kind"] in DRAIN_KINDS:
+                        _drain_event(session, row)
+                    else:
+                        session.execute(insert(EventRow), row)
+        elif rows:
             with self._writer.begin() as conn:
                 conn.execute(insert(EventRow), rows)  # one statement, executemany
         return len(rows)
+
+    # -- drain records ---------------------------------------------------------------------
+
+    def record_drain(
+        self,
+        node: str,
+        reason: str,
+        *,
+        at: datetime,
+        actor: str,
+        episode_id: int | None = None,
+        note: str = "",
+    ) -> DrainRecord:
+        """Record a drain Medic is about to ask of Slurm (call it BEFORE Slurm): the node's
+        open record, replacing the one before (closed as replaced). With its event."""
+        self.add_event(node, **drain_event(DRAIN_RECORDED, reason, at, actor, episode_id, note))
+        record = self.open_drain(node)
+        assert record is not None
+        return record
+
+    def close_drain(
+        self,
+        node: str,
+        reason: str,
+        *,
+        at: datetime,
+        actor: str,
+        episode_id: int | None = None,
+        note: str = "",
+    ) -> Event:
+        """A resume of `node` by `actor`: the event, and the open record with this reason
+        (if any) closed. Call it before Slurm is asked to resume."""
+        return self.add_event(
+            node, **drain_event(DRAIN_RESUMED, reason, at, actor, episode_id, note)
+        )
+
+    def hold_drain(self, node: str, reason: str, *, at: datetime, actor: str, note: str) -> Event:
+        """Only a human may give the open record's drain back from now on (`note`: why)."""
+        return self.add_event(node, **drain_event(DRAIN_HELD, reason, at, actor, None, note))
+
+    def open_drain(self, node: str) -> DrainRecord | None:
+        """The node's open drain record, if any."""
+        query = select(DrainRecordRow).where(
+            DrainRecordRow.node == node, DrainRecordRow.closed_at.is_(None)
+        )
+        with Session(self._engine) as session:
+            row = session.scalars(query).one_or_none()
+            return row.to_record() if row is not None else None
+
+    def drain_records(self, node: str | None = None, limit: int = 100) -> list[DrainRecord]:
+        """Drain records, newest first."""
+        query = (
+            select(DrainRecordRow)
+            .order_by(DrainRecordRow.drained_at.desc(), DrainRecordRow.id.desc())
+            .limit(limit)
+        )
+        if node is not None:
+            query = query.where(DrainRecordRow.node == node)
+        with Session(self._engine) as session:
+            return [row.to_record() for row in session.scalars(query)]
 
     def events(
         self,
@@ -426,8 +507,82 @@ class Store:
             return result.rowcount
 
 
+def drain_event(
+    kind: str, reason: str, at: datetime, actor: str, episode_id: int | None, note: str
+) -> dict[str, Any]:
+    """add_event's keywords (but the node) for a drain record's event: also what a node's
+    journal keeps when the store is down, replayed into the same record later."""
+    verb = {DRAIN_RECORDED: "drained", DRAIN_RESUMED: "resumed", DRAIN_HELD: "held"}[kind]
+    episode = f" (episode {episode_id})" if episode_id is not None else ""
+    return {
+        "at": at,
+        "kind": kind,
+        "severity": "WARN" if kind == DRAIN_RECORDED else "INFO",
+        "source": actor[:NAME_LEN] or "medic",
+        "message": f"{verb} by {actor}{episode}: {reason}" + (f"; {note}" if note else ""),
+        "evidence": {"reason": reason, "actor": actor, "episode_id": episode_id, "note": note},
+    }
+
+
+def _drain_event(session: Session, values: Mapping[str, Any]) -> int:
+    """Apply a drain record's event to `drain_records` and insert the event; its id."""
+    evidence = values["evidence"]
+    reason = evidence.get("reason")
+    actor = evidence.get("actor")
+    episode_id = evidence.get("episode_id")
+    if not isinstance(reason, str) or not isinstance(actor, str) or not actor:
+        raise ValueError(f"a {values['kind']} event needs evidence reason and actor (strings)")
+    if episode_id is not None and (isinstance(episode_id, bool) or not isinstance(episode_id, int)):
+        raise ValueError(f"episode_id must be a whole number or null, got {episode_id!r}")
+    check_text(actor, "actor", NODE_LEN)
+    node, at, note = values["node"], values["at"], str(evidence.get("note") or "")
+    current = session.scalars(
+        select(DrainRecordRow)
+        .where(DrainRecordRow.node == node, DrainRecordRow.closed_at.is_(None))
+        .with_for_update()
+    ).one_or_none()
+    kind = values["kind"]
+    if kind == DRAIN_RECORDED:
+        seen = session.scalars(
+            select(DrainRecordRow.id).where(
+                DrainRecordRow.node == node,
+                DrainRecordRow.drained_at == at,
+                DrainRecordRow.reason == reason,
+                DrainRecordRow.actor == actor,
+            )
+        ).first()
+        if seen is None:  # a journal replays at least once: the same drain is one record
+            older = current is not None and current.drained_at > at
+            if current is not None and not older:
+                current.closed_at, current.closed_by = at, actor
+                current.note = "replaced by a later drain"
+                session.flush()
+            session.add(
+                DrainRecordRow(
+                    node=node, reason=reason, actor=actor, episode_id=episode_id,
+                    drained_at=at, held="", closed_at=at if older else None,
+                    closed_by=actor if older else "",
+                    note="replayed after a later drain" if older else note,
+                )
+            )  # fmt: skip
+    elif current is not None and current.reason == reason and current.drained_at <= at:
+        if kind == DRAIN_RESUMED:
+            current.closed_at, current.closed_by, current.note = at, actor, note or "resumed"
+        else:
+            current.held = f"{actor}: {note}" if note else actor
+    session.flush()
+    event_id: int = session.execute(
+        insert(EventRow).returning(EventRow.id), dict(values)
+    ).scalar_one()
+    return event_id
+
+
 __all__ = [
     "DEFAULT_EVENT_RETENTION_DAYS",
+    "DRAIN_HELD",
+    "DRAIN_KINDS",
+    "DRAIN_RECORDED",
+    "DRAIN_RESUMED",
     "BadStoreURL",
     "Store",
     "StoreError",

@@ -55,6 +55,7 @@ from medic_core.store.migrations import m0003_rma as m0003
 from medic_core.store.migrations import m0004_sweeps as m0004
 from medic_core.store.migrations import m0005_schema_compat as m0005
 from medic_core.store.migrations import m0006_conditions_node_updated as m0006
+from medic_core.store.migrations import m0007_drain_records as m0007
 from medic_core.store.models import UTCDateTime
 
 log = logging.getLogger("medic.store")
@@ -85,6 +86,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, m0004.DESCRIPTION, m0004.upgrade, Compat.ADDITIVE),
     Migration(5, m0005.DESCRIPTION, m0005.upgrade, Compat.ADDITIVE),
     Migration(6, m0006.DESCRIPTION, m0006.upgrade, Compat.ADDITIVE),
+    Migration(7, m0007.DESCRIPTION, m0007.upgrade, Compat.ADDITIVE),
 )
 
 _metadata = MetaData()
