@@ -110,8 +110,8 @@ def test_a_requested_reboot_is_a_flag_in_the_state_list(release: str) -> None:
 def test_one_node_line_reads_as_the_json_does(release: str, text: str, json_doc: str) -> None:
     """What CliSlurm.node runs (`SLURM_TIME_FORMAT=%s scontrol -o -d show node n1`), taken
     right after the JSON: the same NodeInfo field for field. 26.05 prints one space before
-    `Reason=` (24.11 two), `SuspendTime=` and no `ExtSensors...`: the parser is not keyed on
-    either."""
+    `Reason=` (24.11 two) and adds `SuspendTime=`; neither prints 22.05's `ExtSensors...`:
+    the parser is keyed on none of these."""
     from_json = {n.name: n for n in parse_nodes(read(release, json_doc))}["n1"]
     assert parse_scontrol_node(read(release, text), "n1") == from_json
 
