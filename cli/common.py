@@ -21,6 +21,7 @@ import click
 
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.store_reader import Reader, Unreachable, configured_url, open_reader, reader_of
+from medic_core.text import sanitised
 from remediation.policy import Rung
 
 if TYPE_CHECKING:
@@ -108,8 +109,9 @@ def actor() -> str:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    """Left-aligned columns two spaces apart; the last column is not padded."""
-    cells = [list(headers), *([str(c) for c in row] for row in rows)]
+    """Left-aligned columns two spaces apart; the last column is not padded. Every cell is
+    untrusted text (a job's name, a reason, a message): sanitised, on one line."""
+    cells = [list(headers), *([sanitised(str(c)) for c in row] for row in rows)]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     out = []
     for row in cells:
@@ -172,7 +174,8 @@ def rung_name(rung: int) -> str:
 
 
 def clip(text: str, width: int) -> str:
-    text = " ".join(text.split())
+    """`text` sanitised, on one line, cut to `width` characters."""
+    text = " ".join(sanitised(text).split())
     return text if len(text) <= width else text[: width - 1] + "…"
 
 

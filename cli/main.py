@@ -159,4 +159,7 @@ def medic() -> None:
 
 
 def main() -> None:
+    from medic_core.text import guard_terminal
+
+    guard_terminal()  # no escape sequence from a job's text reaches the terminal
     medic()

@@ -307,7 +307,7 @@ class LaunchGate:
         a CRITICAL finding goes the usual way (drain, ladder) through the daemon's record()."""
         host = self.host
         try:
-            summary = self.job_summary(job_id, list(POST_JOB_CHECKS), host.settings.launch_budget)
+            summary = self.job_summary(job_id, host.settings.launch_budget)
             critical = [r for r in summary["results"] if r["status"] == "CRITICAL"]
             host.store.add_event(
                 node=host.node,
@@ -323,9 +323,11 @@ class LaunchGate:
         except Exception:
             log.exception("post-job checks for job %s failed", job_id)
 
-    def job_summary(self, job_id: str, checks: list[str], budget: float) -> dict[str, Any]:
+    def job_summary(self, job_id: str, budget: float) -> dict[str, Any]:
         """For the epilog: the post-job checks now, and what this node saw during the job
-        (events since the job's gate decision, or the last day when there was none)."""
+        (events since the job's gate decision, or the last day when there was none). The
+        checks are the daemon's own (POST_JOB_CHECKS), never a caller's: a peer of the
+        socket group must not start root's deep tier (issue 23, finding 1)."""
         host = self.host
         self.recorder.flush(GATE_FLUSH)  # the job's gate decision, queued at its start
         now = dt.datetime.now(dt.UTC)
@@ -333,7 +335,7 @@ class LaunchGate:
             e for e in host.store.events(host.node, kind="gate") if e.target == f"job:{job_id}"
         ]
         since = gates[0].at if gates else now - dt.timedelta(days=1)
-        names = [n for n in checks if n in host.checks.specs]
+        names = [n for n in POST_JOB_CHECKS if n in host.checks.specs]
         report = host.run_checks(names, budget=budget)
         during = [
             e

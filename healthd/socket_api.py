@@ -18,7 +18,8 @@ import socketserver
 import struct
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,32 +28,85 @@ from healthd.launch_gate import LaunchGate
 from healthd.metrics import BoundedServerMixIn, DaemonMetrics
 from healthd.results import result_json
 from healthd.runner import Runner, RunReport
+from healthd.socket_matrix import MATRIX, ROOT_PEER, Caller, Peer, caller_of, refusal
 from medic_core.settings import DaemonSettings
 from medic_core.store import Store
 from remediation.episodes import EpisodeStore
 
 log = logging.getLogger("medic.healthd")
 
-SOCKET_OPS = ("ping", "status", "launch", "check", "job_end", "job_summary", "event", "metrics")
-# Who may ask what. root: every op. Anyone else the socket lets in (socket_group: SlurmdUser's
-# group, for hooks slurmd does not run as root): what the hooks send. "check" runs any check
-# the caller names, the deep tier included (an hour of GPU burn-in): root only.
-ROOT_ONLY_OPS = frozenset({"check"})
+SOCKET_OPS = tuple(MATRIX)
+# Ops only root may send (healthd.socket_matrix has every op's callers and fields): "check"
+# runs any check the caller names, the deep tier included (an hour of GPU burn-in).
+ROOT_ONLY_OPS = frozenset(
+    op for op, e in MATRIX.items() if all(g.callers == {Caller.ROOT} for g in e.grants)
+)
 # Hooks, the health check and the CLI: a few at a time. A client must send its request line
 # within SOCKET_IDLE seconds of connecting (then the op may take as long as it needs); one
 # more than SOCKET_MAX is told "busy" and closed.
 SOCKET_MAX, SOCKET_IDLE = 64, 5.0
+# The epilog's job_end is answered at once and its post-job checks queued for one worker
+# thread (they go through the runner one run at a time anyway); a job already queued is not
+# queued twice, and one more than JOB_END_QUEUE is told "busy". 400 epilogs at once once
+# started 400 threads, 66 of them refused under the unit's TasksMax=256.
+JOB_END_QUEUE = 512
 
 
-def peer_uid(connection: socket.socket) -> int:
-    """The connecting process's user id, from the kernel (SO_PEERCRED), not from anything
-    it says; -1 (no rights beyond the socket's) if the kernel does not tell."""
+def peer_of(connection: socket.socket) -> Peer:
+    """The connecting process as the kernel tells it (SO_PEERCRED), not from anything it
+    says; pid, uid and gid -1 (no rights beyond `anyone`'s) if the kernel does not tell."""
     try:
         raw = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except OSError:
-        return -1
-    _pid, uid, _gid = struct.unpack("3i", raw)
-    return int(uid)
+        return Peer(-1, -1, -1)
+    pid, uid, gid = struct.unpack("3i", raw)
+    return Peer(int(pid), int(uid), int(gid))
+
+
+class AfterJobQueue:
+    """The post-job checks of ended jobs, run one job after another by one worker thread,
+    started when a job is queued and gone when the queue is empty (no thread while idle)."""
+
+    def __init__(self, run: Callable[[str], object], limit: int = JOB_END_QUEUE) -> None:
+        self._run, self.limit = run, limit
+        self._lock = threading.Lock()
+        self._jobs: deque[str] = deque()
+        self._working = False
+
+    def submit(self, job_id: str) -> bool:
+        """Queue `job_id` (once): False when the queue is full or no thread can start."""
+        with self._lock:
+            if job_id in self._jobs:
+                return True
+            if len(self._jobs) >= self.limit:
+                return False
+            self._jobs.append(job_id)
+            start, self._working = not self._working, True
+        if start:
+            try:
+                threading.Thread(target=self._work, name="after-job", daemon=True).start()
+            except RuntimeError:  # no thread to be had (TasksMax): busy, not an error
+                with self._lock:
+                    self._working = False
+                    self._jobs.remove(job_id)
+                return False
+        return True
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._jobs) + self._working
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._working = False
+                    return
+                job_id = self._jobs.popleft()
+            try:
+                self._run(job_id)
+            except Exception:  # after_job logs its own; this worker goes on regardless
+                log.exception("post-job checks for job %s failed", job_id)
 
 
 class SocketHost(Protocol):
@@ -93,14 +147,20 @@ class SocketApi:
         self.host = host
         self.gate = gate
         self.episodes = episodes  # the remediation episodes, for "status"
+        self.after_jobs = AfterJobQueue(gate.after_job)
+        self.socket_gid: int | None = None  # the socket group's, once serve() has shared it
 
-    def handle(self, request: Mapping[str, Any], uid: int = 0) -> dict[str, Any]:
-        """The reply to one request from a peer with user id `uid` (SO_PEERCRED)."""
+    def handle(self, request: Mapping[str, Any], peer: Peer = ROOT_PEER) -> dict[str, Any]:
+        """The reply to one request from `peer` (SO_PEERCRED): refused in one line unless
+        the matrix (healthd.socket_matrix) grants the op, its fields and their values."""
         host = self.host
         op = request.get("op")
-        if op in ROOT_ONLY_OPS and uid != 0:
-            log.warning("socket: %s refused to uid %d (root only)", op, uid)
-            return {"error": f"{op}: permission denied for uid {uid}: root only"}
+        caller = caller_of(peer, self.socket_gid)
+        why = refusal(op, request, peer, caller)
+        if why:
+            if isinstance(op, str) and op in MATRIX:
+                log.warning("socket: %s refused to uid %d (%s): %s", op, peer.uid, caller, why)
+            return {"error": why}
         if op == "ping":
             return {"node": host.node, "pid": os.getpid()}
         if op == "status":
@@ -134,18 +194,14 @@ class SocketApi:
             return self.gate.record_hook_event(request)
         if op == "job_summary":
             return self.gate.job_summary(
-                str(request.get("job_id", "")),
-                [str(c) for c in request.get("checks", [])],
+                request["job_id"],
                 min(float(request.get("budget", 10.0)), host.settings.launch_budget),
             )
         if op == "metrics":  # the Prometheus exposition, for nodes without the HTTP port
             return {"node": host.node, "text": host.metrics.exposition()}
         if op == "launch":  # "budget": what is left of the prolog's one deadline
             configured = self.gate.launch_budget()
-            try:
-                budget = min(float(request.get("budget", configured)), configured)
-            except (TypeError, ValueError):
-                return {"error": f"launch: budget {request.get('budget')!r} is not a number"}
+            budget = min(float(request.get("budget", configured)), configured)
             job_id = request.get("job_id")
             return self.gate.launch(
                 max(0.0, budget),
@@ -153,8 +209,10 @@ class SocketApi:
                 job_id=None if job_id is None else str(job_id),
             )
         if op == "job_end":  # the epilog: answered at once, judged in the background
-            job_id = str(request.get("job_id", ""))
-            threading.Thread(target=self.gate.after_job, args=(job_id,), daemon=True).start()
+            job_id = request["job_id"]
+            if not self.after_jobs.submit(job_id):
+                log.warning("socket: job_end for job %s: the post-job queue is full", job_id)
+                return {"error": f"busy: {self.after_jobs.limit} ended jobs wait for checks"}
             return {"node": host.node, "job_id": job_id, "queued": True}
         if op == "check":
             tier = Tier(request["tier"]) if request.get("tier") else None
@@ -170,7 +228,30 @@ class SocketApi:
                 "seconds": round(report.seconds, 3),
                 "results": [result_json(r) for r in report.results],
             }
-        return {"error": f"unknown op {op!r}: use one of {', '.join(SOCKET_OPS)}"}
+        raise AssertionError(f"op {op!r} is in the matrix but not answered")  # test_socket_matrix
+
+    def reply(self, line: bytes, peer: Peer) -> tuple[str, bytes]:
+        """(the op, for the metrics' label: one of the matrix's or "invalid"; the reply line
+        without its newline) for one request line from `peer`. Whatever the line holds, the
+        reply is one JSON object; an error is one line of text, never a traceback."""
+        op = "invalid"
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise ValueError("a request is one JSON object on one line")
+            if isinstance(request.get("op"), str) and request["op"] in MATRIX:
+                op = request["op"]
+            reply = self.handle(request, peer)
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+            # A bad request (JSON, a field of the wrong type or value): one line in the log
+            # and the reply, no traceback, nothing of the daemon's insides.
+            why = " ".join(str(exc).split())[:200] or type(exc).__name__
+            log.warning("socket: bad %s request: %s", op, why)
+            reply = {"error": f"bad request: {why}"}
+        except Exception:  # a bug of ours: logged whole; the daemon goes on
+            log.exception("socket: %s request failed", op)
+            reply = {"error": f"{op}: internal error in medic-healthd (see its log)"}
+        return op, json.dumps(reply).encode()
 
     def serve(self, socket_path: Path) -> socketserver.UnixStreamServer:
         """Listen on `socket_path` (root plus `socket_group` only) on a thread of its own."""
@@ -191,27 +272,10 @@ class SocketApi:
                     return
                 # The gate's records are written once the reply is out (gate_recorder).
                 with api.gate.recorder.after_reply():
-                    self.wfile.write(self.reply_to(line) + b"\n")
+                    self.op, reply = api.reply(line, peer_of(self.request))
+                    self.wfile.write(reply + b"\n")
                 metrics.socket_requests.labels(self.op).inc()
                 metrics.socket_seconds.labels(self.op).observe(time.monotonic() - begin)
-
-            def reply_to(self, line: bytes) -> bytes:
-                try:
-                    request = json.loads(line)
-                    if not isinstance(request, dict):
-                        raise ValueError("a request is one JSON object on one line")
-                    self.op = str(request.get("op"))[:40]
-                    reply = api.handle(request, peer_uid(self.request))
-                except (ValueError, TypeError, KeyError, RecursionError) as exc:
-                    # A bad request (JSON, a field of the wrong type or value): one line in
-                    # the log and the reply, no traceback, nothing of the daemon's insides.
-                    why = " ".join(str(exc).split())[:200] or type(exc).__name__
-                    log.warning("socket: bad %s request: %s", self.op, why)
-                    reply = {"error": f"bad request: {why}"}
-                except Exception:  # a bug of ours: logged whole; the daemon goes on
-                    log.exception("socket: %s request failed", self.op)
-                    reply = {"error": f"{self.op}: internal error in medic-healthd (see its log)"}
-                return json.dumps(reply).encode()
 
         class Server(BoundedServerMixIn, socketserver.UnixStreamServer):
             # Its own bound, apart from the metrics endpoint's: a flood there never
@@ -249,6 +313,7 @@ class SocketApi:
         try:
             os.chown(socket_path, -1, gid)
             os.chmod(socket_path, 0o660)
+            self.socket_gid = gid
         except OSError as exc:  # e.g. a sandbox without CAP_CHOWN
             log.error(
                 "socket %s stays root-only: cannot give it to group %r: %s", socket_path, group, exc

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from medic_core.slurm import SlurmClient
+from medic_core.text import sanitised
 
 if TYPE_CHECKING:
     from medic_core.drain_book import DrainBook
@@ -45,12 +46,9 @@ _UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
 
 def printable(text: str) -> str:
     """`text` with every character that a terminal, `sinfo` or a log would not show as
-    itself (or would use to reorder what follows) replaced by "?"."""
-    if text.isprintable() and text.isascii():
-        return text
-    return "".join(
-        "?" if unicodedata.category(c) in _UNPRINTABLE and not c.isspace() else c for c in text
-    )
+    itself (or would use to reorder what follows) replaced by "?", and line breaks and tabs
+    by spaces: the one sanitiser, medic_core.text.sanitised."""
+    return sanitised(text)
 
 
 def unprintable(text: str) -> list[str]:

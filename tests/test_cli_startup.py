@@ -19,8 +19,9 @@ from medic_core import proc
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Everything outside the standard library that `medic --help` may import.
-ALLOWED = {"click", "cli", "cli.main"}
+# Everything outside the standard library that `medic --help` may import (medic_core.text:
+# the terminal guard, stdlib only, installed before any output).
+ALLOWED = {"click", "cli", "cli.main", "medic_core", "medic_core.text"}
 
 PROBE = """
 import json, sys
