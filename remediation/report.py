@@ -576,13 +576,16 @@ def _lost_work(
     """Seconds of work done since the checkpoint the next run resumed from (replayed after
     the restart), and that step. The step is the resume mark's (`resumed`: what the job
     loaded) when there is one, else the last commit before the fault; a mark that found no
-    checkpoint means the job started over. Work counts from that step's commit, or from when
-    this run resumed or started if later (a run that resumed and failed before its first
-    commit); unknown when none of these is known."""
+    checkpoint means the job started over. Work counts from that step's commit, or from
+    when this run resumed or started if later (a run that resumed and failed before its
+    first commit); a step committed after the fault loses nothing; unknown when none of
+    these is known."""
     committed = [c for c in commits if c.at <= fault_at]
     if resumed is not None:
         from_step = resumed.step
-        mine = [c for c in committed if c.step == from_step] if from_step is not None else []
+        # Its commit may follow the fault (the job ran on until it was stopped): nothing
+        # done before the fault is done again then.
+        mine = [c for c in commits if c.step == from_step and c.at <= resumed.at]
         last = mine[-1] if mine else None
         if last is None and committed and from_step is not None:
             last = committed[-1]  # a job from before the ledger: its pruned commits are gone

@@ -614,3 +614,20 @@ def test_medic_report_reads_a_pruned_jobs_ledger_and_the_store_end_to_end(
         s for w, _, s in run.log if w == "resumed"
     ][1:]
     assert job["ettr"] == pytest.approx(ettr, rel=0.01) and not job["ettr_is_upper_bound"]
+
+
+def test_a_step_committed_after_the_fault_loses_nothing() -> None:
+    """A job that ran on after the fault (a kernel-log XID its CUDA work did not notice)
+    and committed before it was stopped resumes from that commit: no work before the fault
+    is done again."""
+    data = rp.ReportInput(
+        since=at(-DAY), until=at(DAY), fleet_nodes=2, gpus_per_node=8,
+        faults=[rp.FaultSeen("n1", at(100.3), "gpu.xid.79", fault_at=at(100))],
+        actions=[rp.JobAction("7", "n1", at(100.4), "requeued", "gpu.xid.79")],
+        starts=[rp.JobStart("7", "n1", at(0), True), rp.JobStart("7", "n2", at(105), True)],
+        checkpoints=[rp.CheckpointMark("7", at(99.9), "commit", 40),
+                     rp.CheckpointMark("7", at(100.2), "commit", 41),
+                     rp.CheckpointMark("7", at(106), "resume", 41, 1)],
+    )  # fmt: skip
+    [i] = rp.build_report(data).jobs[0].interruptions
+    assert (i.resumed_from_step, i.lost_work_s) == (41, 0)
