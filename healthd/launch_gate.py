@@ -304,51 +304,68 @@ class LaunchGate:
 
     def after_job(self, job_id: str) -> None:
         """Post-job checks and the job's health summary (an event of kind "job_summary");
-        a CRITICAL finding goes the usual way (drain, ladder) through the daemon's record()."""
+        a CRITICAL finding goes the usual way (drain, ladder) through the daemon's record().
+        The summary is written like the gate's records (the recorder, flushed at once): a
+        store that refuses it (down, full) leaves it in the node's journal, replayed with
+        its time once the store is back (issue 23, finding 6: it was lost)."""
         host = self.host
+        at = dt.datetime.now(dt.UTC)
         try:
             summary = self.job_summary(job_id, host.settings.launch_budget)
-            critical = [r for r in summary["results"] if r["status"] == "CRITICAL"]
-            host.store.add_event(
-                node=host.node,
-                at=dt.datetime.now(dt.UTC),
-                kind="job_summary",
-                severity=Severity.CRITICAL if critical else Severity.INFO,
-                source="epilog",
-                message=summary["message"],
-                fault_class=critical[0]["fault_class"] or "" if critical else "",
-                target=f"job:{job_id}",
-                evidence={k: v for k, v in summary.items() if k != "results"},
-            )
         except Exception:
             log.exception("post-job checks for job %s failed", job_id)
+            return
+        critical = [r for r in summary["results"] if r["status"] == "CRITICAL"]
+        self.recorder.record(
+            {
+                "kind": "job_summary",
+                "severity": Severity.CRITICAL if critical else Severity.INFO,
+                "source": "epilog",
+                "message": summary["message"],
+                "fault_class": critical[0]["fault_class"] or "" if critical else "",
+                "target": f"job:{job_id}",
+                "evidence": {k: v for k, v in summary.items() if k != "results"},
+            },
+            at=at,
+        )
+        self.recorder.flush(GATE_FLUSH)
 
     def job_summary(self, job_id: str, budget: float) -> dict[str, Any]:
         """For the epilog: the post-job checks now, and what this node saw during the job
         (events since the job's gate decision, or the last day when there was none). The
         checks are the daemon's own (POST_JOB_CHECKS), never a caller's: a peer of the
-        socket group must not start root's deep tier (issue 23, finding 1)."""
+        socket group must not start root's deep tier (issue 23, finding 1). With the store
+        down the checks still run; "store" says why the events are missing."""
         host = self.host
         self.recorder.flush(GATE_FLUSH)  # the job's gate decision, queued at its start
         now = dt.datetime.now(dt.UTC)
-        gates = [
-            e for e in host.store.events(host.node, kind="gate") if e.target == f"job:{job_id}"
-        ]
+        store_down = ""
+        try:
+            gates = [
+                e for e in host.store.events(host.node, kind="gate") if e.target == f"job:{job_id}"
+            ]
+        except Exception as exc:  # the checks matter more than the history
+            gates, store_down = [], (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         since = gates[0].at if gates else now - dt.timedelta(days=1)
         names = [n for n in POST_JOB_CHECKS if n in host.checks.specs]
         report = host.run_checks(names, budget=budget)
-        during = [
-            e
-            for e in host.store.events(host.node, since=since, limit=1000)
-            if e.severity != "INFO" and e.kind not in HOOK_EVENT_KINDS
-        ]
+        during = []
+        if not store_down:
+            try:
+                during = [
+                    e
+                    for e in host.store.events(host.node, since=since, limit=1000)
+                    if e.severity != "INFO" and e.kind not in HOOK_EVENT_KINDS
+                ]
+            except Exception as exc:
+                store_down = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         faults = sorted({e.fault_class for e in during if e.fault_class})
         bad = [r for r in report.results if r.status.severity >= Status.WARN.severity]
         faults += sorted({r.fault_class for r in bad if r.fault_class} - set(faults))
         message = f"job {job_id} on {host.node}: " + (
             f"faults {', '.join(faults)}" if faults else "no faults seen"
         )
-        return {
+        summary: dict[str, Any] = {
             "node": host.node,
             "job_id": job_id,
             "since": since.isoformat(),
@@ -367,6 +384,9 @@ class LaunchGate:
             "status": worst([r.status for r in report.results]).value,
             "results": [result_json(r) for r in report.results],
         }
+        if store_down:
+            summary["store"] = f"unavailable: {store_down[:200]}"
+        return summary
 
 
 def _gate_rails(rails: NodeRails) -> tuple[list[int], str, tuple[int, ...]]:
