@@ -50,15 +50,20 @@ def sanitised(text: str) -> str:
 
 class TerminalGuard(io.TextIOBase):
     """A text stream that passes everything written to it through `sanitised` but its line
-    breaks: `medic` installs it on stdout and stderr (`guard_terminal`, from cli.main), so a
-    line that prints a job's text without going through cli.common's `table` or `clip` cannot
-    send an escape sequence either. Bytes written to its `buffer` are not filtered."""
+    breaks and tabs (fish's completion separates a value from its help with a tab): `medic`
+    installs it on stdout and stderr (`guard_terminal`, from cli.main), so a line that prints
+    a job's text without going through cli.common's `table` or `clip` cannot send an escape
+    sequence either. Bytes written to its `buffer` are not filtered."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        self.stream.write("\n".join(sanitised(line) for line in text.split("\n")))
+        shown = text
+        if not (text.isascii() and text.isprintable()):
+            lines = (line.split("\t") for line in text.split("\n"))
+            shown = "\n".join("\t".join(sanitised(part) for part in line) for line in lines)
+        self.stream.write(shown)
         return len(text)
 
     def flush(self) -> None:

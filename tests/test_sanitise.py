@@ -87,12 +87,12 @@ def test_tables_and_clipped_messages_are_sanitised() -> None:
 
 @FUZZ
 @given(st.text())
-def test_the_terminal_guard_keeps_line_breaks_and_nothing_else(text: str) -> None:
+def test_the_terminal_guard_keeps_line_breaks_and_tabs_and_nothing_else(text: str) -> None:
     out = io.StringIO()
-    TerminalGuard(out).write(text)  # type: ignore[arg-type]
+    assert TerminalGuard(out).write(text) == len(text)  # type: ignore[arg-type]
     written = out.getvalue()
-    assert written.count("\n") == text.count("\n")
-    assert all(terminal_safe(line) for line in written.split("\n"))
+    assert written.count("\n") == text.count("\n") and written.count("\t") == text.count("\t")
+    assert all(terminal_safe(part) for part in written.replace("\t", "\n").split("\n"))
 
 
 def test_drain_reasons_use_the_same_sanitiser() -> None:
