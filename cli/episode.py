@@ -249,9 +249,9 @@ def _after_close(config: Any, store: Store, e: ep.Episode, reason: str, resume: 
              f"`medic node resume {e.node} --reason TEXT` once Slurm answers")  # fmt: skip
         return f"NOT resumed: Slurm: {exc}"
     own = book.ownership(e.node, info)
-    if own.recorded:
+    if own.recorded and own.record is not None:
         note = f"episode {e.id} closed without --resume: only `medic node resume` gives it back"
-        book.hold(e.node, info.reason, actor=operator(), note=note)
+        book.hold(e.node, own.record.reason, actor=operator(), note=note)
     return (
         "NOT resumed: it stays drained until `medic node resume "
         f"{e.node} --reason TEXT` (or close with --resume)"

@@ -86,19 +86,38 @@ class Ownership:
         return self.record.held if self.record is not None and self.recorded else ""
 
 
+# What slurmctld appends to a node's reason during `scontrol reboot` (22.05, seen in the lab:
+# "<reason> : reboot issued : reboot complete"; "... : reboot timed out" past ResumeTimeout).
+SLURM_SUFFIXES = (" : reboot issued", " : reboot complete", " : reboot timed out")
+
+
+def as_recorded(shown: str, recorded: str) -> bool:
+    """Slurm's reason `shown` is the `recorded` one, with only Slurm's own reboot marks
+    after it."""
+    if not shown.startswith(recorded):
+        return False
+    rest = shown[len(recorded) :]
+    while rest:
+        mark = next((m for m in SLURM_SUFFIXES if rest.startswith(m)), None)
+        if mark is None:
+            return False
+        rest = rest[len(mark) :]
+    return True
+
+
 def out_of_service(info: NodeInfo | None) -> bool:
     return info is not None and (info.drained or info.down)
 
 
 def matches(record: DrainRecord | None, info: NodeInfo | None) -> bool:
     """`record` holds the drain Slurm shows: open, and the node drained or down with
-    exactly the recorded reason."""
+    exactly the recorded reason (and at most Slurm's own reboot marks after it)."""
     return (
         record is not None
         and record.open
         and info is not None
         and out_of_service(info)
-        and info.reason == record.reason
+        and as_recorded(info.reason, record.reason)
     )
 
 

@@ -111,13 +111,15 @@ def give_back(
     if episode is None and own.record is not None and own.recorded:
         episode = own.record.episode_id
     why = f"{decision.why}; {note}" if note else decision.why
-    where = book.record_resume(node, facts.reason, actor=actor, episode_id=episode, note=why)
+    # The record's own reason (Slurm may have appended its reboot marks to the one shown).
+    reason = own.record.reason if own.record is not None and own.recorded else facts.reason
+    where = book.record_resume(node, reason, actor=actor, episode_id=episode, note=why)
     try:
         client.resume(node)
     except SlurmError:
         if own.recorded:  # still drained: the drain stays Medic's for the next try
             book.record_drain(
-                node, facts.reason, actor=actor, episode_id=episode, note="the resume failed"
+                node, reason, actor=actor, episode_id=episode, note="the resume failed"
             )
         raise
     log.warning("%s: resumed by %s (%s)", node, actor, why)

@@ -16,6 +16,7 @@ import pytest
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import with_check_options
 from healthd.checks import registry
+from medic_core.drain_book import DrainBook
 from medic_core.settings import RemediationSettings
 from medic_core.slurm import CliSlurm
 from medic_core.status import Status
@@ -302,7 +303,10 @@ def test_a_restart_between_asking_slurm_and_recording_it_reboots_once(
     reason = "medic: gpu.xid.79 gpu1 ladder: reboot"
     episodes.record_intent(episode, Rung.REBOOT, "reboot", ["scontrol", "reboot"], boot)
     episodes.update(episode.id, state=ep.REBOOTING)
-    slurm.reboot(node, reason, nextstate="DOWN")  # asked; the daemon dies before recording it
+    # The ladder records its drain before it asks (medic_core.drain_book), then asks Slurm;
+    # the daemon dies before recording the step.
+    DrainBook.of(store).record_drain(node, reason, actor="ladder", episode_id=episode.id)
+    slurm.reboot(node, reason, nextstate="DOWN")
     restarted = Ladder(node, episodes, slurm, host, RemediationSettings())
 
     def resolved() -> bool:
