@@ -49,6 +49,7 @@ from healthd.checks.base import (
     setting,
 )
 from medic_core import proc
+from medic_core.text import sanitised
 
 PREFIX = "command."  # a command check's name: command.<name>
 TABLE = "command"  # its table: [checks.command.<name>]
@@ -149,8 +150,8 @@ class CommandObservation:
 
 
 def _line(text: str) -> str:
-    """One printable line of at most SHOWN characters."""
-    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    """One printable line of at most SHOWN characters (medic_core.text.sanitised)."""
+    flat = " ".join(sanitised(text).split())
     return flat if len(flat) <= SHOWN else flat[: SHOWN - 3] + "..."
 
 
