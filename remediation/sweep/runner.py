@@ -513,7 +513,14 @@ class Sweeper:
             return (episode.id if episode else None), f"ladder: not drained ({admission.why})"
         first = findings[0]
         reason = format_reason(first.fault_class or first.check, first.target, first.message)
-        outcome = drain_if_allowed(self.slurm, node, reason)
+        outcome = drain_if_allowed(
+            self.slurm,
+            node,
+            reason,
+            ladder.book,  # recorded first: the episode's ladder gives back only its own drain
+            actor="sweep",
+            episode_id=episode.id if episode else None,
+        )
         ladder.drained(admission, outcome.value)
         return (episode.id if episode else None), (
             f"episode {episode.id if episode else '-'}: {admission.why}; drain {outcome.value}"
