@@ -408,6 +408,8 @@ def ticket_json(ticket: Ticket) -> dict[str, Any]:
         "state": ticket.state.value,
         "fault_class": ticket.fault_class,
         "summary": ticket.summary,
+        "component": ticket.component,
+        "reason": ticket.reason,
         "gpus": [g.as_dict() for g in ticket.gpus],
         "resolution": ticket.resolution,
         "requalify": ticket.requalify,
@@ -451,6 +453,10 @@ def rma_show(
     state = state_cell(ticket.state.value, ticket.resolution, ticket.requalify)
     click.echo(f"RMA ticket {ticket.id}  {ticket.node}  {state}  {ticket.fault_class}")
     click.echo(f"summary: {ticket.summary}")
+    if ticket.component:
+        click.echo(f"part: {ticket.component.get('describe') or ticket.component.get('id')}")
+    if ticket.reason:
+        click.echo(f"reason: {ticket.reason}")
     if ticket.external_id or ticket.external_url:
         url = f"  {ticket.external_url}" if ticket.external_url else ""
         click.echo(f"vendor ref: {ticket.external_id or '-'}{url}")

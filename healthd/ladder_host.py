@@ -104,11 +104,16 @@ class DaemonLadderHost:
         )
 
     def open_rma(self, episode: ep.Episode, why: str) -> int | None:
-        from remediation.tickets import open_ticket
+        from medic_core.vocabulary import component_of
+        from remediation.ladder import episode_finding
+        from remediation.tickets import component_json, open_ticket, rma_summary, ticket_component
 
+        gpus = ticket_gpus(episode, self.daemon.gpu_identities)
+        component = ticket_component(component_of(episode_finding(episode)), gpus)
         evidence = {
             "episode": episode.id,
-            "why": why,
+            "reason": why,
+            "component": component_json(component),
             "fault": dict(episode.evidence),
             "steps": [
                 {"action": s.action, "state": s.state, "rc": s.returncode, "output": s.output}
@@ -133,8 +138,8 @@ class DaemonLadderHost:
             self.daemon.store,
             node=self.daemon.node,
             fault_class=episode.fault_class,
-            summary=f"{episode.fault_class} on {self.daemon.node}: {why}",
-            gpus=ticket_gpus(episode, self.daemon.gpu_identities),
+            summary=rma_summary(self.daemon.node, episode.fault_class, component, why),
+            gpus=gpus,
             evidence=evidence,
             actor="medic-ladder",
         )

@@ -249,9 +249,18 @@ class RemediationSettings:
         3, minimum=2, doc="same fault class on this many nodes within the window pauses all"
     )
     fleet_signature_window: float = setting(900.0, minimum=60, doc="seconds")
-    lemon_episodes: int = setting(3, minimum=2, doc="episodes within lemon_days make a lemon")
-    lemon_days: float = setting(7.0, minimum=1, doc="days")
-    lemon_failed_requalifications: int = setting(2, minimum=1, doc="...or this many failed")
+    lemon_episodes: int = setting(
+        3,
+        minimum=2,
+        doc="N: the Nth episode of one component and fault family within lemon_days (N-1"
+        " earlier ones that needed a repair, and this one) goes straight to RMA",
+    )
+    lemon_days: float = setting(7.0, minimum=1, doc="days of episodes the lemon rule counts")
+    lemon_failed_requalifications: int = setting(
+        2,
+        minimum=1,
+        doc="...or once those episodes failed this many re-qualifications in all",
+    )
     action_timeout: float = setting(300.0, minimum=1, doc="seconds one repair command may take")
     reboot_timeout: float = setting(1800.0, minimum=60, doc="seconds a reboot may take")
     recheck_window: float = setting(

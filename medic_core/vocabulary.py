@@ -77,6 +77,10 @@ class Finding:
             evidence=storable_evidence(evidence),
         )
 
+    @property
+    def component(self) -> Component:
+        return component_of(self)
+
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "check": self.check,
@@ -89,6 +93,71 @@ class Finding:
         if self.evidence:
             data["evidence"] = dict(self.evidence)
         return data
+
+
+class ComponentKind(StrEnum):
+    GPU = "gpu"
+    HCA = "hca"  # an InfiniBand port: `<device>/<port>`
+    NVSWITCH = "nvswitch"
+    JOB = "job"  # a job's own fault (a hang): only that job
+    HOST = "host"  # the node as a whole: a service, memory, a filesystem, an unplaced GPU
+
+
+@dataclass(frozen=True)
+class Component:
+    """What a fault belongs to. A GPU's fault touches the jobs that hold that GPU; a host
+    or fabric fault touches every job on the node. The identity (UUID, serial, GUID, PCI
+    slot) comes from the finding's evidence where the check read it, "" otherwise."""
+
+    kind: ComponentKind
+    name: str = ""  # the GPU's index, the HCA's "<device>/<port>", the job's id
+    uuid: str = ""
+    serial: str = ""
+    guid: str = ""
+    slot: str = ""  # the PCI bus id
+
+    @property
+    def gpu_index(self) -> int | None:
+        if self.kind is ComponentKind.GPU and self.name.isascii() and self.name.isdigit():
+            return int(self.name)
+        return None
+
+    def __str__(self) -> str:
+        return self.kind.value if self.kind is ComponentKind.HOST else f"{self.kind}:{self.name}"
+
+    def describe(self) -> str:
+        """For people (a ticket, a report): `GPU 3 (serial 1650..., GPU-8e...)`."""
+        ids = [f"serial {self.serial}" if self.serial else "", self.uuid, self.guid and
+               f"GUID {self.guid}", self.slot and f"slot {self.slot}"]  # fmt: skip
+        known = ", ".join(i for i in ids if i)
+        word = {ComponentKind.GPU: "GPU", ComponentKind.HCA: "HCA port",
+                ComponentKind.NVSWITCH: "NVSwitch", ComponentKind.JOB: "job"}  # fmt: skip
+        head = f"{word[self.kind]} {self.name}" if self.kind in word else "the host"
+        return f"{head} ({known})" if known else head
+
+
+def component_of(finding: Finding) -> Component:
+    """The component a finding is about, from its fault class, target and evidence. A GPU
+    finding without an index (an XID placed only by its PCI address) is the host's: Medic
+    cannot tell which jobs hold that GPU, so every job counts."""
+    target, family = finding.target, finding.fault_class.split(".", 1)[0]
+    ev = finding.evidence
+
+    def text(key: str) -> str:
+        value = ev.get(key)
+        return value[:128] if isinstance(value, str) else ""
+
+    if target.startswith("job:"):
+        return Component(ComponentKind.JOB, target.removeprefix("job:"))
+    if family == "gpu" and target.isascii() and target.isdigit():
+        return Component(ComponentKind.GPU, target, text("uuid"), text("serial"),
+                         slot=text("pci_bus_id"))  # fmt: skip
+    if family == "ib" and target:
+        guid = text("port_guid") or text("node_guid") or text("guid")
+        return Component(ComponentKind.HCA, target, guid=guid)
+    if family == "nvswitch" or target.startswith("nvswitch:"):
+        return Component(ComponentKind.NVSWITCH, target.removeprefix("nvswitch:"))
+    return Component(ComponentKind.HOST)
 
 
 EVIDENCE_LIMIT = 8192  # bytes of JSON a finding carries into an episode or a ticket

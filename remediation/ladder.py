@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,7 +38,7 @@ from medic_core.drain_reason import (
 from medic_core.settings import BurnInSettings, RemediationSettings
 from medic_core.slurm import NodeInfo, SlurmClient, SlurmError
 from medic_core.status import Status
-from medic_core.vocabulary import Finding
+from medic_core.vocabulary import Finding, component_of
 from remediation import episodes as ep
 from remediation.decide import (
     EpisodeMove,
@@ -53,7 +53,7 @@ from remediation.decide import (
 )
 from remediation.isolation import APPLIED, INTENT, RESTORED, RESTORING, gres_count, recorded
 from remediation.isolator import IsolationError, Isolator
-from remediation.policy import LemonScore, Rung, after_failure
+from remediation.policy import LemonEpisode, LemonScore, Rung, after_failure, fault_family
 
 if TYPE_CHECKING:
     from remediation.tickets import NodeRails
@@ -183,7 +183,7 @@ class Ladder:
                     findings, jobs, requeue_resilient=requeue_resilient, again=again
                 )
                 decision = decide_fault(findings, facts)
-                episode = self._record(decision, findings)
+                episode = self._record(decision, findings, facts.lemon)
                 admission = Admission(decision, episode, slurm_read=facts.slurm.known)
         except SlurmError:
             raise
@@ -262,7 +262,7 @@ class Ladder:
             else NodeFacts(known=False)
         )
         control = self.store.control()
-        lemon = self.lemon_score()
+        lemon = self.lemon_score(first)
         return FaultFacts(
             node=self.node,
             slurm=slurm,
@@ -278,14 +278,18 @@ class Ladder:
             ),
             open_episode=current.id if current is not None else None,
             handed_over=handed.id if handed is not None else None,
-            lemon=lemon.describe() if lemon.is_lemon else "",
+            lemon=lemon.why() if lemon.is_lemon else "",
             enabled=self.settings.enabled,
             requeue_resilient=requeue_resilient,
             first_rung=self.settings.first_rung,
             answer_again=again,
         )
 
-    def _record(self, decision: FaultDecision, findings: Sequence[Finding]) -> ep.Episode | None:
+    def _record(
+        self, decision: FaultDecision, findings: Sequence[Finding], lemon: str = ""
+    ) -> ep.Episode | None:
+        """`lemon`: FaultFacts.lemon, kept in the episode (evidence["lemon"]) when the lemon
+        rule sent it to RMA, so its ticket says why."""
         if decision.episode is EpisodeMove.JOIN and decision.episode_id is not None:
             return self.store.get(decision.episode_id)
         if decision.episode is not EpisodeMove.OPEN:
@@ -309,7 +313,10 @@ class Ladder:
             recommendation=(decision.recommendation or first.recommendation).value,
             rung=int(decision.rung or 0),
             message=first.message + (f" ({decision.why})" if decision.why else ""),
-            evidence={"findings": [f.as_json() for f in findings]},
+            evidence={
+                "findings": [f.as_json() for f in findings],
+                **({"lemon": f"lemon: {lemon}"} if lemon and decision.rung is Rung.RMA else {}),
+            },
         )
         log.warning("episode %d on %s: %s %s", episode.id, self.node, episode.state, decision.why)
         return episode
@@ -375,20 +382,21 @@ class Ladder:
             )
         return ""
 
-    def lemon_score(self) -> LemonScore:
-        since = self.store.now() - dt.timedelta(days=self.settings.lemon_days)
-        # An episode a human closed as no fault, or one the cap kept waiting, is not the
-        # node's history of failing.
-        recent = [
-            e
-            for e in self.store.find(node=self.node, since=since)
-            if e.state not in ("closed", ep.WAITING_CAP)
-        ]
-        return LemonScore(
-            episodes_recent=len(recent) + 1,
-            failed_requalifications=sum(e.failed_requalifications for e in recent),
+    def lemon_score(self, finding: Finding) -> LemonScore:
+        """The lemon rule (remediation.policy.LemonScore) for `finding` about to be admitted:
+        the node's episodes of the same component and fault family within lemon_days."""
+        days = self.settings.lemon_days
+        since = self.store.now() - dt.timedelta(days=days)
+        # The window's episodes are enough: an RMA ticket before it changes nothing in it.
+        history = [lemon_episode(e) for e in self.store.find(node=self.node, since=since)]
+        return LemonScore.of(
+            component_of(finding),
+            fault_family(finding.fault_class),
+            history,
+            since=since,
             episodes_limit=self.settings.lemon_episodes,
             failed_limit=self.settings.lemon_failed_requalifications,
+            days=days,
         )
 
     # ---- progress ----------------------------------------------------------------------
@@ -538,8 +546,7 @@ class Ladder:
     def _act(self, episode: ep.Episode) -> ep.Episode:
         rung = Rung(episode.rung)
         if rung is Rung.RMA:
-            why = "every rung tried" if episode.first_rung < 4 else "policy: no repair to try"
-            return self._rma(episode, why)
+            return self._rma(episode, "")
         if self.settings.dry_run:
             self.host.event(
                 f"dry run: would start {rung.word} for {episode.fault_class}",
@@ -920,6 +927,10 @@ class Ladder:
         return done.text
 
     def _rma(self, episode: ep.Episode, why: str) -> ep.Episode:
+        """Open the ticket. `why`: the last rung's failure ("" when none ran); the ticket's
+        reason is the lemon rule's, or the rungs tried and that failure, or the policy that
+        sends this fault class straight to RMA."""
+        why = rma_reason(episode, self.store.steps(episode.id), why, self.settings.first_rung)
         ticket = self.host.open_rma(episode, why)
         self.host.event(
             f"RMA ticket {ticket}: {why or episode.fault_class}",
@@ -930,3 +941,67 @@ class Ladder:
         episode = self.store.update(episode.id, state=ep.RMA, rung=int(Rung.RMA), ticket_id=ticket)
         self._keep_rma_out()
         return episode
+
+
+def episode_finding(episode: ep.Episode) -> Finding:
+    """The finding an episode was opened for (its evidence keeps every finding of the fault),
+    or one made of the episode's own columns for an episode recorded without them."""
+    found = episode.evidence.get("findings")
+    rows = [f for f in found if isinstance(f, dict)] if isinstance(found, list) else []
+    for row in rows:
+        if (row.get("fault_class"), row.get("target")) == (episode.fault_class, episode.target):
+            return Finding.from_json(row)
+    return Finding(episode.check, Status.CRITICAL, episode.fault_class, episode.target, "")
+
+
+def lemon_episode(episode: ep.Episode) -> LemonEpisode:
+    """What the lemon rule reads of a stored episode. It needed a repair when a rung's step
+    was recorded (the attempt counts from its intent; a reboot Slurm refused is given back)
+    or it ended in an RMA ticket; a link re-checked until it came back ran no rung."""
+    return LemonEpisode(
+        component=component_of(episode_finding(episode)),
+        family=fault_family(episode.fault_class),
+        opened_at=episode.opened_at,
+        repaired=episode.state == ep.RMA
+        or episode.ticket_id is not None
+        or any(int(n) > 0 for n in episode.attempts.values()),
+        failed_requalifications=episode.failed_requalifications,
+        closed_by_human=episode.state == ep.CLOSED,
+        ticketed=episode.ticket_id is not None,
+    )
+
+
+def rung_history(steps: Sequence[ep.Step]) -> str:
+    """`gpu_reset x2, reboot x1`: the repair steps an episode ran (refused reboots are not
+    repairs: Slurm never started them)."""
+    counts: dict[str, int] = {}
+    for s in steps:
+        if not s.output.startswith(REFUSED):
+            counts[s.action] = counts.get(s.action, 0) + 1
+    return ", ".join(f"{action} x{n}" for action, n in counts.items())
+
+
+def rma_reason(
+    episode: ep.Episode,
+    steps: Sequence[ep.Step],
+    failure: str,
+    first_rung: Mapping[str, str] | None = None,
+) -> str:
+    """Why an episode goes to RMA, for the vendor and the operator: the lemon rule's reason
+    (recorded when it was admitted), else the rungs tried and the last failure, else what
+    starts its fault class at RMA (`first_rung`: [remediation] first_rung, or the finding's
+    recommendation)."""
+    lemon = episode.evidence.get("lemon")
+    if isinstance(lemon, str) and lemon:
+        return lemon
+    tried = rung_history(steps)
+    if tried:
+        return f"{tried} did not repair it" + (f": {failure}" if failure else "")
+    if failure:
+        return failure
+    parts = episode.fault_class.split(".")
+    for end in range(len(parts), 0, -1):
+        key = ".".join(parts[:end])
+        if key in (first_rung or {}):
+            return f"[remediation] first_rung sends {key} straight to RMA: no repair tried"
+    return f"recommended {episode.recommendation!r}: no repair tried"

@@ -37,7 +37,9 @@ from medic_core.store.models import (
     check_text,
     utc,
 )
+from medic_core.vocabulary import Component, ComponentKind
 from remediation.episodes import Episode, read_open_episode
+from remediation.policy import part_name
 from remediation.ticket_states import NEXT_STATES, TicketState
 
 EXTERNAL_ID_LEN = 255
@@ -77,6 +79,54 @@ class Gpu:
         }
 
 
+def ticket_component(component: Component, gpus: Sequence[Mapping[str, Any]]) -> Component:
+    """The part a ticket is for: the fault's component, a GPU's identity completed from the
+    GPU the ticket names (an XID finding knows the index only; NVML knows the serial)."""
+    if component.kind is not ComponentKind.GPU:
+        return component
+    gpu = next((g for g in gpus if str(g.get("index")) == component.name), None)
+    if gpu is None:
+        return component
+
+    def text(key: str) -> str:
+        value = gpu.get(key)
+        return value if isinstance(value, str) else ""
+
+    return Component(
+        component.kind,
+        component.name,
+        uuid=component.uuid or text("uuid"),
+        serial=component.serial or text("serial"),
+        guid=component.guid,
+        slot=component.slot or text("pci_bus_id"),
+    )
+
+
+def component_json(component: Component) -> dict[str, str]:
+    """The component as a ticket's evidence and the webhook payload carry it: `id`
+    (`gpu:3`, `hca:mlx5_0/1`, `host`), each identity known, and `describe` for people."""
+    known = {
+        "uuid": component.uuid,
+        "serial": component.serial,
+        "guid": component.guid,
+        "slot": component.slot,
+    }
+    return {
+        "id": str(component),
+        "kind": component.kind.value,
+        "name": component.name,
+        **{k: v for k, v in known.items() if v},
+        "describe": component.describe(),
+    }
+
+
+def rma_summary(node: str, fault_class: str, component: Component, reason: str) -> str:
+    """The vendor-facing one line: which part, where, what fault, and why it goes back:
+    `GPU 3 (serial 1650...) on n2: gpu.ecc.dbe; lemon: 3 gpu-memory episodes on GPU 3
+    (serial 1650...) in 7 days`."""
+    return f"{part_name(component)} on {node}: {fault_class}; {reason}"
+
+
 @dataclass(frozen=True)
 class Ticket:
     id: int
@@ -98,6 +148,19 @@ class Ticket:
     def is_open(self) -> bool:
         return self.state is not TicketState.CLOSED
 
+    @property
+    def component(self) -> dict[str, Any]:
+        """The part the ticket is for (component_json), {} when the opener named none (an
+        operator's `medic rma open`, a ticket from before components were recorded)."""
+        found = self.evidence.get("component")
+        return dict(found) if isinstance(found, Mapping) else {}
+
+    @property
+    def reason(self) -> str:
+        """Why the part goes back (the lemon rule, or the rungs tried), "" when not said."""
+        found = self.evidence.get("reason")
+        return found if isinstance(found, str) else ""
+
     def as_dict(self) -> dict[str, Any]:
         """The ticket as JSON (without its evidence, which payloads carry separately)."""
         return {
@@ -106,6 +169,8 @@ class Ticket:
             "state": self.state.value,
             "fault_class": self.fault_class,
             "summary": self.summary,
+            "component": self.component,
+            "reason": self.reason,
             "gpus": [g.as_dict() for g in self.gpus],
             "resolution": self.resolution,
             "external_id": self.external_id,
@@ -557,6 +622,7 @@ __all__ = [
     "TicketError",
     "TicketState",
     "audit",
+    "component_json",
     "evidence_bundle",
     "get",
     "list_tickets",
@@ -565,5 +631,7 @@ __all__ = [
     "open_tickets",
     "read_rails",
     "requalified",
+    "rma_summary",
+    "ticket_component",
     "transition",
 ]

@@ -23,7 +23,9 @@ from medic_core.drain_book import DrainBook
 from medic_core.drain_reason import is_medic_reason
 from medic_core.settings import RemediationSettings
 from medic_core.slurm import JobInfo, NodeInfo, SlurmError
+from medic_core.status import Status
 from medic_core.store import ConditionUpdate, Event, Severity, Store, open_store
+from medic_core.vocabulary import Finding
 from remediation import episodes as ep
 from remediation import tickets
 from remediation.ladder import Ladder
@@ -241,15 +243,16 @@ def test_close_then_lemon_count(db: tuple[Store, list[str]], slurm: FakeSlurm) -
     store, conf = db
     settings = RemediationSettings(lemon_episodes=3)
     ladder = Ladder("n8", ep.EpisodeStore(store), slurm, None, settings)  # type: ignore[arg-type]
-    first = opened(store, "n8", ep.NEEDS_HUMAN)
-    opened(store, "n8", ep.RESOLVED)
-    assert ladder.lemon_score().episodes_recent == 3  # two, and the one being admitted
-    assert ladder.lemon_score().is_lemon
+    first = opened(store, "n8", ep.NEEDS_HUMAN, attempts={"1": 2})  # both tried a reset
+    opened(store, "n8", ep.RESOLVED, attempts={"1": 1})
+    again = Finding("gpu_xid", Status.CRITICAL, "gpu.xid.79", "2", "off the bus")
+    assert ladder.lemon_score(again).episodes_recent == 3  # two, and the one being admitted
+    assert ladder.lemon_score(again).is_lemon
     assert (
         run(episode, "close", str(first.id), "--reason", "cap, not the node", *conf).exit_code == 0
     )
-    assert ladder.lemon_score().episodes_recent == 2
-    assert not ladder.lemon_score().is_lemon
+    assert ladder.lemon_score(again).episodes_recent == 2
+    assert not ladder.lemon_score(again).is_lemon
 
 
 def test_resume_refused_by_a_stuck_episode_says_how_to_close_it(

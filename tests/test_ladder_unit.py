@@ -999,23 +999,24 @@ def test_a_fleet_wide_signature_pauses_and_a_resume_is_not_undone_by_the_same_fa
 
 
 def test_a_lemon_node_goes_straight_to_rma(world: World) -> None:
-    for _ in range(2):  # two earlier episodes this week, both resolved
-        world.opened("n2", ep.RESOLVED)
+    for _ in range(2):  # two earlier episodes of GPU 3's memory this week, both reset
+        world.opened("n2", ep.RESOLVED, attempts={"1": 1})
         world.clock.advance(3600)
     admission = world.fault("n2", XID_95)
     assert admission.episode is not None and admission.episode.rung == int(Rung.RMA)
-    assert "lemon node: 3 episodes recently" in admission.why
+    lemon = "3 gpu-memory episodes on GPU 3 in 7 days"
+    assert f"lemon node: {lemon}" in admission.why
     episode = world.tick("n2")
     assert episode is not None and episode.state == ep.RMA
     assert world.steps("n2") == [] and not world.nodes["n2"].commands
     [(ticket, why)] = world.nodes["n2"].rma
-    assert episode.ticket_id == ticket and why == "policy: no repair to try"
+    assert episode.ticket_id == ticket and why == f"lemon: {lemon}"
     assert tickets.open_tickets(world.store, "n2") == [ticket]
     assert not in_service(world, "n2")
 
 
 def test_failed_requalifications_make_a_lemon(world: World) -> None:
-    world.opened("n2", ep.RESOLVED, failed_requalifications=2)
+    world.opened("n2", ep.RESOLVED, failed_requalifications=2, attempts={"1": 2})
     admission = world.fault("n2", XID_95)
     assert admission.episode is not None and admission.episode.rung == int(Rung.RMA)
     assert "2 failed re-qualifications" in admission.why
@@ -1033,7 +1034,7 @@ def test_each_failed_verification_counts_toward_the_lemon_rule(world: World) -> 
     world.nodes["n1"].hardware_fault = False
     assert world.run("n1").state == ep.RESOLVED
     assert world.last("n1").failed_requalifications == 1
-    world.opened("n1", ep.RESOLVED, failed_requalifications=1)
+    world.opened("n1", ep.RESOLVED, failed_requalifications=1, attempts={"1": 2})
     admission = world.fault("n1", XID_95)
     assert admission.episode is not None and admission.episode.rung == int(Rung.RMA)
 
@@ -1045,10 +1046,11 @@ def test_episodes_that_do_not_make_a_lemon(world: World, earlier: str) -> None:
             e = world.opened("n2", ep.NEEDS_HUMAN)
             world.episodes.close_by_human(e.id, "alice", "not a fault: a test job")
         else:
-            world.opened("n2", ep.WAITING_CAP if earlier == "held_by_the_cap" else ep.RESOLVED)
+            world.opened("n2", ep.WAITING_CAP if earlier == "held_by_the_cap" else ep.RESOLVED,
+                         attempts={} if earlier == "held_by_the_cap" else {"1": 1})  # fmt: skip
     if earlier == "old":
         world.clock.advance(8 * 86400)
-    assert not world.daemon("n2").lemon_score().is_lemon
+    assert not world.daemon("n2").lemon_score(XID_95).is_lemon
 
 
 # --- RMA: keep-out and re-qualification ----------------------------------------------------------
