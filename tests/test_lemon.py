@@ -222,19 +222,23 @@ episodes_strategy = st.builds(
 )
 
 
-def model(earlier: list[LemonEpisode], component: Component, family: str, days: float) -> int:
+def model(
+    earlier: list[LemonEpisode], component: Component, family: str, days: float
+) -> tuple[int, int]:
     """The documented rule, written out: after the part's last RMA ticket, its episodes of
-    the family in the window that needed a repair and no human closed, plus this one."""
+    the family in the window that needed a repair and no human closed, plus this one; and
+    their failed re-qualifications."""
     mine = sorted((e for e in earlier if same_part(e.component, component)),
                   key=lambda e: e.opened_at)  # fmt: skip
     tickets_at = [i for i, e in enumerate(mine) if e.ticketed]
     after = mine[tickets_at[-1] + 1 :] if tickets_at else mine
     since = NOW - dt.timedelta(days=days)
-    return 1 + sum(
-        1
+    counted = [
+        e
         for e in after
         if e.family == family and e.opened_at >= since and e.repaired and not e.closed_by_human
-    )
+    ]
+    return 1 + len(counted), sum(e.failed_requalifications for e in counted)
 
 
 @hypothesis_settings(max_examples=300, deadline=None)
@@ -244,6 +248,7 @@ def model(earlier: list[LemonEpisode], component: Component, family: str, days: 
     component=st.sampled_from(COMPONENTS),
     family=st.sampled_from(FAMILIES),
     limit=st.integers(2, 5),
+    failed_limit=st.integers(1, 6),
 )
 def test_lemon_invariants(
     earlier: list[LemonEpisode],
@@ -251,12 +256,14 @@ def test_lemon_invariants(
     component: Component,
     family: str,
     limit: int,
+    failed_limit: int,
 ) -> None:
-    base = score(earlier, component, family, limit=limit, failed_limit=99)
+    base = score(earlier, component, family, limit=limit, failed_limit=failed_limit)
     # The Nth counts exactly: N-1 earlier qualifying episodes and this one make a lemon.
-    assert base.episodes_recent == model(earlier, component, family, 7.0)
-    assert base.is_lemon == (base.episodes_recent >= limit)
-    with_extra = score([*earlier, extra], component, family, limit=limit, failed_limit=99)
+    count, failed = model(earlier, component, family, 7.0)
+    assert (base.episodes_recent, base.failed_requalifications) == (count, failed)
+    assert base.is_lemon == (count >= limit or failed >= failed_limit)
+    with_extra = score([*earlier, extra], component, family, limit=limit, failed_limit=failed_limit)
     same = (base.episodes_recent, base.failed_requalifications, base.is_lemon)
     after = (with_extra.episodes_recent, with_extra.failed_requalifications, with_extra.is_lemon)
     if not same_part(extra.component, component):
