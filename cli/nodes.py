@@ -647,8 +647,8 @@ def resume(name: str, reason: str, force: bool, store_url: str | None,
             by = f" (set by {info.reason_user})" if info.reason_user else ""
             raise AdminError(
                 f"{name} was not drained by Medic: {info.reason!r}{by}",
-                f"{own.why}; Medic resumes only the drains it recorded, and the owner of"
-                " this one may still be working",
+                f"Medic resumes only its own drains ({own.why}); the owner of this one may"
+                " still be working",
                 "ask them, or --force to resume anyway",
             )
         if ticket_ids and not force:

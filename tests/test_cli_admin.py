@@ -17,6 +17,7 @@ from click.testing import CliRunner, Result
 from cli.admin import config, events, jobs, remediation
 from cli.lab.cluster import Lab
 from cli.nodes import node, nodes
+from medic_core.drain_book import DrainBook
 from medic_core.store import ConditionUpdate, Store, open_store
 from remediation import tickets
 from remediation.episodes import ACTING, NEEDS_HUMAN, EpisodeStore
@@ -164,6 +165,8 @@ def test_resume_leaves_a_drain_that_is_not_medics_unless_forced(lab: Lab, store:
 
 def test_resume_waits_for_an_open_episode(lab: Lab, store: Store) -> None:
     conf = str(lab.layout.medic_conf)
+    # Medic's drain: recorded, then asked of Slurm (medic_core.drain_book)
+    DrainBook.of(store).record_drain("n4", "medic: gpu.xid.48 gpu1", actor="daemon")
     lab.slurm(["scontrol", "update", "nodename=n4", "state=drain", "reason=medic: gpu.xid.48 gpu1"])
     EpisodeStore(store).open_episode(
         "n4", state=ACTING, fault_class="gpu.xid.48", target="1", check="gpu_xid",
@@ -182,6 +185,7 @@ def test_resume_waits_for_an_open_episode(lab: Lab, store: Store) -> None:
 
 def test_resume_refuses_a_node_with_an_open_rma_ticket(lab: Lab, store: Store) -> None:
     conf = str(lab.layout.medic_conf)
+    DrainBook.of(store).record_drain("n3", "medic: gpu.xid.79 2", actor="daemon")  # Medic's
     lab.slurm(["scontrol", "update", "nodename=n3", "state=drain", "reason=medic: gpu.xid.79 2"])
     ticket = tickets.open_ticket(store, "n3", "gpu.xid.79", "GPU 2 gone", [], {}, "medic")
     refused = run(node, "resume", "n3", "--reason", "looks fine", "--config", conf)

@@ -540,11 +540,15 @@ def test_11_retry_hands_the_episode_to_the_ladder_and_close_lets_a_human_resume(
     poll("n4 drained again", lambda: drained_by_medic(lab, "n4"), timeout=10)
     closed = run(episode_cli, "close", str(second.id), "--reason", "reseated GPU 6", *c)
     assert closed.exit_code == 0, closed.output
-    assert "n4 is NOT resumed" in closed.stdout
+    assert "n4: NOT resumed" in closed.stdout
     assert drained_by_medic(lab, "n4")
+    held = store.open_drain("n4")  # issue 22: only a human gives it back now
+    assert held is not None and "closed without --resume" in held.held
     resumed = run(node, "resume", "n4", "--reason", "reseated GPU 6", *c)
     assert resumed.exit_code == 0, resumed.output
     poll("n4 back in service", lambda: in_service(lab, "n4"), timeout=10)
+    [by] = store.events("n4", kind="medic.resume", limit=1)
+    assert by.evidence["actor"].startswith("cli:") and "(uid " in by.evidence["actor"]
     assert ep.EpisodeStore(store).get(second.id).state == ep.CLOSED  # type: ignore[union-attr]
 
 
