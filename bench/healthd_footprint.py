@@ -32,9 +32,9 @@ import psutil
 
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import LabSpec, with_check_options
-from healthd.api import ask
 from healthd.checks import registry
 from medic_core import proc
+from medic_core.api import ask
 
 
 def footprint(

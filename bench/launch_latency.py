@@ -40,8 +40,8 @@ import psutil
 from bench.stats import interval, quantile
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import LabSpec
-from healthd.api import ask
 from medic_core import proc
+from medic_core.api import ask
 from medic_core.store import open_store
 
 FORMS = ("hook", "prolog", "bare")

@@ -29,8 +29,8 @@ from pathlib import Path
 from bench.stats import described, interval
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import LabSpec
-from healthd.api import ask
 from medic_core import proc
+from medic_core.api import ask
 
 # Nine host checks, one per line (NHC's own check names); MARK_OFFLINE=0: never touch Slurm.
 NHC_CHECKS = (

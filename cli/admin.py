@@ -42,7 +42,8 @@ from cli.common import (
 )
 from cli.complete import complete_node
 from medic_core.config import ConfigError, MedicConfig, load_config
-from medic_core.settings import HookSettings, deprecations
+from medic_core.resilient import parse_resilient
+from medic_core.settings import HookSettings, RemediationSettings, deprecations
 from medic_core.slurm import JobInfo, SlurmError
 from medic_core.store import (
     Event,
@@ -52,7 +53,7 @@ from medic_core.store import (
 )
 from medic_core.store.models import EventRow
 from remediation import episodes as ep
-from slurm_hooks.resilient import parse_resilient
+from remediation.decide import Ledger, capped_budget
 
 _DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -181,7 +182,11 @@ def _aware(value: dt.datetime) -> dt.datetime:
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
-def job_json(job: JobInfo, allowed: int | None, history: Sequence[Event]) -> dict[str, Any]:
+def job_json(
+    job: JobInfo, asked: int | None, history: Sequence[Event], max_restarts: int | None = None
+) -> dict[str, Any]:
+    """`restarts_used`: what Medic charged (the job's ledger, the budget the decision core
+    counts); `slurm_restarts`: Slurm's own count, which a prolog refusal raises too."""
     return {
         "job_id": job.job_id,
         "name": job.name,
@@ -190,9 +195,11 @@ def job_json(job: JobInfo, allowed: int | None, history: Sequence[Event]) -> dic
         "reason": job.reason,
         "nodes": job.nodes,
         "partition": job.partition,
-        "resilient": allowed is not None,
-        "restarts_allowed": allowed,
-        "restarts_used": job.restart_count,
+        "resilient": asked is not None,
+        "restarts_asked": asked,
+        "restarts_allowed": capped_budget(asked, max_restarts) if asked is not None else None,
+        "restarts_used": Ledger.parse(job.admin_comment).restarts,
+        "slurm_restarts": job.restart_count,
         "admin_comment": job.admin_comment,
         "events": [event_json(e) for e in history],
     }
@@ -231,7 +238,11 @@ def jobs(
     store_url: str | None,
     config_path: Path | None,
 ) -> None:
-    """Resilient jobs (the medic:resilient=N tag): restarts used, state, Medic's actions."""
+    """Resilient jobs (the medic:resilient=N tag): restarts used, state, Medic's actions.
+
+    MEDIC_RESTARTS: what Medic charged (the job's ledger) of what it allows (the tag, capped
+    by [remediation] max_restarts); SLURM_RESTARTS: Slurm's own count, which a prolog
+    refusal raises too."""
     now = now_utc()
     since = parse_since(since_text, now)
     config = load(config_path)
@@ -246,20 +257,24 @@ def jobs(
         listed = [(j, n) for j, n in listed if n is not None]
     with opened_store(config, store_url) as store:
         history = job_events(store, [j.job_id for j, _ in listed], since)
+    cap = RemediationSettings.from_config(config).max_restarts
     if as_json:
-        echo_json([job_json(j, n, history[j.job_id]) for j, n in listed])
+        echo_json([job_json(j, n, history[j.job_id], cap) for j, n in listed])
         return
     if not listed:
         click.echo("no resilient jobs in the queue" if not show_all else "no jobs in the queue")
         return
     rows = []
-    for job, allowed in listed:
-        restarts = f"{job.restart_count}/{allowed}" if allowed is not None else "-"
+    for job, asked in listed:
+        charged = Ledger.parse(job.admin_comment).restarts
+        restarts = f"{charged}/{capped_budget(asked, cap)}" if asked is not None else "-"
         rows.append(
-            [job.job_id, clip(job.name, 24), job.user, job.state, restarts, job.nodes or "-",
-             _last_action(history[job.job_id])]
+            [job.job_id, clip(job.name, 24), job.user, job.state, restarts,
+             str(job.restart_count), job.nodes or "-", _last_action(history[job.job_id])]
         )  # fmt: skip
-    echo_table(("JOB", "NAME", "USER", "STATE", "RESTARTS", "NODES", "LAST MEDIC ACTION"), rows)
+    header = ("JOB", "NAME", "USER", "STATE", "MEDIC_RESTARTS", "SLURM_RESTARTS", "NODES",
+              "LAST MEDIC ACTION")  # fmt: skip
+    echo_table(header, rows)
 
 
 # --- medic remediation ----------------------------------------------------------------------

@@ -99,3 +99,12 @@ def docs(write: bool, doc_path: Path) -> None:
     except (OSError, ValueError) as exc:
         raise click.ClickException(f"{doc_path}: {exc}") from exc
     click.echo(f"{doc_path}: {'updated' if changed else 'already up to date'}")
+    if doc_path == DOC_PATH:  # the project's own docs: the XID action table too
+        from cli.xid_table import DOC_PATH as ACTIONS_PATH
+        from cli.xid_table import write_xid_actions
+
+        try:
+            changed = write_xid_actions()
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(f"{ACTIONS_PATH}: {exc}") from exc
+        click.echo(f"{ACTIONS_PATH}: {'updated' if changed else 'already up to date'}")

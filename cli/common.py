@@ -260,7 +260,7 @@ def slurm_client(config: MedicConfig) -> CliSlurm:
     """Slurm's commands with SLURM_CONF from the config's `[slurm] conf`."""
     from medic_core.settings import HookSettings
     from medic_core.slurm import CliSlurm, SlurmError
-    from slurm_hooks.actions import slurm_env
+    from remediation.actions import slurm_env
 
     try:
         timeout = HookSettings.from_config(config).slurm_timeout

@@ -410,7 +410,8 @@ def show(
     tickets."""
     from cli.admin import EVENT_HEADERS, episode_json, event_json, event_rows
     from cli.rma import LIST_HEADERS, list_rows, ticket_lines
-    from remediation.episodes import EpisodeStore
+    from medic_core.drain_book import DrainBook, Holding
+    from remediation.episodes import NEEDS_HUMAN, EpisodeStore
 
     now = now_utc()
     config = load(config_path)
@@ -429,6 +430,8 @@ def show(
         steps = {e.id: episodes.steps(e.id) for e in found}
         tickets = ticket_lines(store, node=name)
         facts = gather(store, only=name).get(name) or StoreFacts()
+        # Whose the drain is, by Medic's drain records (never by the reason's text).
+        own = DrainBook.of(store).ownership(name, info) if info is not None else None
     if info is None and not conditions and not recent and not found and not tickets:
         slurm_said = "Slurm did not answer" if slurm_error else "Slurm does not list it"
         raise AdminError(
@@ -465,7 +468,10 @@ def show(
         )
     if view.drain_reason:
         by = f" (set by {info.reason_user})" if info and info.reason_user else ""
-        owner = "Medic's" if view.drained_by == "medic" else "not Medic's: Medic leaves it alone"
+        recorded = own is not None and own.holding is Holding.RECORDED
+        owner = "Medic's" if recorded else "not Medic's: Medic leaves it alone"
+        if own is not None and own.holding is Holding.UNREACHABLE:
+            owner = "Medic's records cannot tell"
         click.echo(f"drain reason: {view.drain_reason}{by} [{owner}]")
     click.echo("")
     listed = [c for c in conditions if show_all or c.status.value in NOT_OK]
@@ -493,7 +499,10 @@ def show(
     click.echo("")
     click.echo(f"episodes (newest {len(found)}):" if found else "episodes: none")
     for e in found:
-        closed = f", closed {when(e.closed_at)}" if e.closed_at else ""
+        if e.state == NEEDS_HUMAN:  # not closed: it waits for a human
+            closed = f", waiting for a human since {when(e.closed_at or e.updated_at)}"
+        else:
+            closed = f", closed {when(e.closed_at)}" if e.closed_at else ""
         click.echo(
             f"  #{e.id} {e.state}  {e.fault_class} {e.target or ''}  rung {rung_name(e.rung)}"
             f" (first {rung_name(e.first_rung)})  opened {when(e.opened_at)}{closed}"

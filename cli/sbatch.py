@@ -9,7 +9,7 @@ import shutil
 import click
 
 from medic_core import proc
-from slurm_hooks.resilient import DEFAULT_RESTARTS, MAX_RESTARTS, check_restarts, tag
+from medic_core.resilient import DEFAULT_RESTARTS, MAX_RESTARTS, check_restarts, tag
 
 SBATCH_TIMEOUT = 120.0
 

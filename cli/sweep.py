@@ -35,7 +35,6 @@ from remediation.sweep import (
     SweepNode,
     SweepSlurm,
     SweepStore,
-    probe,
 )
 
 EXIT_BUSY = 75  # EX_TEMPFAIL: another sweep runs; cron and the timer simply try next time
@@ -204,4 +203,6 @@ def probe_command(checks: tuple[str, ...], timeout: float) -> None:
     except ConfigError as exc:
         click.echo(f"medic sweep probe: {exc}", err=True)
         raise SystemExit(EXIT_USAGE) from exc
-    click.echo(json.dumps(probe(config, checks, timeout)))
+    from healthd.inline import deep_probe
+
+    click.echo(json.dumps(deep_probe(config, checks, timeout)))

@@ -26,6 +26,7 @@ from pathlib import Path
 from healthd.inotify import FileWatch
 from healthd.kmsg import parse_header
 from healthd.wakeup import Wakeup
+from healthd.xid import MEMORY_CHECKS, MEMORY_XIDS
 
 log = logging.getLogger("medic.healthd.kmsg")
 
@@ -42,12 +43,19 @@ _IB_LINK = re.compile(
 )
 
 
+# "NVRM: Xid (PCI:0000:18:00): 94, pid=..., ...": the XID's number follows the "): ".
+_XID_NUMBER = re.compile(r"NVRM: Xid \([^)]*\): (\d{1,4})\b")
+
+
 def checks_for_line(line: str) -> tuple[str, ...]:
     """The checks a new kmsg record concerns."""
     record = parse_header(line)
     if record is None:
         return ()
     if "NVRM: Xid" in record.message:
+        found = _XID_NUMBER.search(record.message)
+        if found is not None and int(found.group(1)) in MEMORY_XIDS:
+            return ("gpu_xid", "kernel_log", *MEMORY_CHECKS)
         return ("gpu_xid", "kernel_log")
     if _IB_LINK.search(record.message):
         return ("ib", "kernel_log")

@@ -162,7 +162,7 @@ class LadderThread:
 
     def respond(self, faults: list[Result], again: bool = False) -> None:
         """Slurm's side of a fresh fault: the ladder gathers the facts, the decision core
-        (remediation.decide) decides drain, requeues and episode, and slurm_hooks.actions
+        (remediation.decide) decides drain, requeues and episode, and remediation.actions
         carries it out; each outcome is an event.
 
         An answer Slurm could not complete (slurmctld down: the jobs or the node table
@@ -183,7 +183,7 @@ class LadderThread:
         self.wake.set()
 
     def _respond(self, faults: list[Result], again: bool) -> bool:
-        from slurm_hooks.actions import carry_out, job_facts, slurm_client, start_releaser
+        from remediation.actions import carry_out, job_facts, slurm_client, start_releaser
 
         daemon = self.daemon
         # medic report: when Medic knew (a retry's is later) and when it happened (fault_at).
@@ -313,7 +313,7 @@ class LadderThread:
         with this one job as the facts: requeued if resilient, within its budget, charged
         once per run in its ledger; the releaser makes it eligible at once. The hang and
         each action are events. False when Slurm could not complete the answer."""
-        from slurm_hooks.actions import carry_out, job_fact, slurm_client, start_releaser
+        from remediation.actions import carry_out, job_fact, slurm_client, start_releaser
 
         daemon = self.daemon
         verdict = hang.verdict
@@ -352,6 +352,7 @@ class LadderThread:
             slurm=NodeFacts(),
             jobs=(job_fact(info, daemon.node),),
             requeue_resilient=settings.requeue_resilient,
+            max_restarts=RemediationSettings.from_config(daemon.config).max_restarts,
         )
         with self.lock:
             decision = decide_fault([finding], facts)
@@ -561,7 +562,7 @@ def keep_in_journal(config: MedicConfig, at: dt.datetime, event: dict[str, Any],
 
 def attach_ladder(daemon: LadderDaemon) -> LadderThread:
     """The ladder for this node, with the daemon as its host and Slurm as the hooks see it."""
-    from slurm_hooks.actions import slurm_client
+    from remediation.actions import slurm_client
 
     settings = RemediationSettings.from_config(daemon.config)
     webhook = WebhookSettings.from_config(daemon.config)
@@ -623,8 +624,8 @@ def attach_spares(daemon: LadderDaemon, ladder: Ladder, thread: LadderThread) ->
     """Hot spares (remediation.spares), with `[remediation.spares]` read at every use (a
     reload applies at the next): the thread hands spares and fills the pool from listed
     nodes; the ladder offers a repaired node to a short pool before giving it back."""
+    from remediation.actions import slurm_env
     from remediation.spares import SparePool, SparesSlurm
-    from slurm_hooks.actions import slurm_env
 
     def pool() -> SparePool:
         hooks = HookSettings.from_config(daemon.config)

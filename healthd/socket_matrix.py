@@ -96,6 +96,11 @@ def _job_id(value: Any) -> str:
     return "" if ok else "is not a Slurm job id (digits)"
 
 
+def _job_id_or_none(value: Any) -> str:
+    """The prolog sends SLURM_JOB_ID as it finds it: "" when slurmd set none (run by hand)."""
+    return "" if value == "" else _job_id(value)
+
+
 def _one_of(allowed: tuple[str, ...]) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         return "" if value in allowed else f"is not one of {', '.join(allowed)}"
@@ -197,7 +202,9 @@ MATRIX: dict[str, OpEntry] = {
                         ),
                         Arg("fresh_only", "true or false", _flag),
                         Arg(
-                            "job_id", "a Slurm job id (digits); without it no gate record", _job_id
+                            "job_id",
+                            'a Slurm job id (digits), or "": then no gate record',
+                            _job_id_or_none,
                         ),
                     ),
                 ),

@@ -48,6 +48,14 @@ _ENTRY_KEYS = frozenset(
 _REQUIRED = ("xid", "mnemonic", "description", "bucket", "severity")
 
 
+# XIDs of the GPU's memory (48 DBE, 63/64 row remap, 94/95 contained/uncontained, 140 ECC
+# escape): what they leave behind, a pending row remap or a retired page, is measured at once
+# by its own checks (the daemon re-runs them on such an XID), so a reset the XID's immediate
+# action does not ask for is still seen.
+MEMORY_XIDS = frozenset({48, 63, 64, 94, 95, 140})
+MEMORY_CHECKS = ("gpu_remapped_rows", "gpu_retired_pages")
+
+
 class CatalogError(ValueError):
     """The XID catalog is invalid; the message names the file, the entry and the fix."""
 

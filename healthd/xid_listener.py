@@ -34,7 +34,7 @@ from healthd.nvml_client import (
     NvmlEvents,
     NvmlGpuLost,
 )
-from healthd.xid import XidBuffer
+from healthd.xid import MEMORY_CHECKS, MEMORY_XIDS, XidBuffer
 
 # NVML returns from a wait as soon as an event arrives; the timeout only bounds how long
 # stop() takes, so a long one costs nothing in latency and saves wake-ups.
@@ -209,6 +209,8 @@ RERUN_ON: dict[EventKind, tuple[str, ...]] = {
 
 def checks_for(event: GpuEvent) -> tuple[str, ...]:
     """The check names to re-run for `event` (the daemon's on_xid takes names)."""
+    if event.kind is EventKind.XID and event.xid in MEMORY_XIDS:
+        return (*RERUN_ON[event.kind], *MEMORY_CHECKS)
     return RERUN_ON[event.kind]
 
 

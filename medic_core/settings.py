@@ -249,6 +249,12 @@ class RemediationSettings:
         3, minimum=2, doc="same fault class on this many nodes within the window pauses all"
     )
     fleet_signature_window: float = setting(900.0, minimum=60, doc="seconds")
+    max_restarts: int = setting(
+        20,
+        minimum=0,
+        maximum=1000,
+        doc="most restarts a job's `medic:resilient=N` may ask (its owner can edit the comment)",
+    )
     lemon_episodes: int = setting(
         3,
         minimum=2,

@@ -16,7 +16,7 @@ from medic_core.settings import HookSettings
 from medic_core.slurm import NodeInfo
 from medic_core.status import Status
 from medic_core.status import worst as worst_status
-from medic_core.vocabulary import Finding, Recommendation, Verdict
+from medic_core.vocabulary import Component, ComponentKind, Finding, Recommendation, Verdict
 from remediation.policy import Rung, drain_cap, first_rung
 
 
@@ -122,11 +122,37 @@ class JobFacts:
     pinned: bool  # `-w` names this node: requeued, it would wait for it for ever
     ledger: Ledger = Ledger()
     slurm_restarts: int = 0  # Slurm's own count (prolog refusals too): for the releaser
+    # The GPU indices the job holds on this node (Slurm's GRES index); None: not known (no
+    # GRES, an unreadable entry), so the job counts as holding every GPU.
+    gpus: frozenset[int] | None = None
+
+    def holds(self, component: Component) -> bool:
+        """A fault on `component` touches this job: a GPU it holds (or may hold), the job
+        itself, or anything of the host's or the fabric's."""
+        if component.kind is ComponentKind.JOB:
+            return component.name == self.job_id
+        index = component.gpu_index
+        if index is None:
+            return True
+        return self.gpus is None or index in self.gpus
+
+
+def jobs_hit(
+    component: Component, jobs: Sequence[JobFacts], node_wide: bool
+) -> tuple[JobFacts, ...]:
+    """The jobs a fault on `component` touches. A repair that takes the whole node
+    (`node_wide`: a driver reload, a reboot) touches every job on it; otherwise a GPU's
+    fault touches only the jobs holding that GPU, a job's fault only that job, and a host or
+    fabric fault every job."""
+    if node_wide and component.kind is not ComponentKind.JOB:
+        return tuple(jobs)
+    return tuple(j for j in jobs if j.holds(component))
 
 
 @dataclass(frozen=True)
 class NodeFacts:
-    """What Slurm stores about the node (the one truth every node can read)."""
+    """What Slurm stores about the node (the one truth every node can read), and whether
+    Medic's drain records hold its drain (medic_core.drain_book)."""
 
     known: bool = True
     drained: bool = False
@@ -168,13 +194,16 @@ class FaultFacts:
     rails: Rails = Rails()
     open_episode: int | None = None  # the node's open episode, joined by any new fault
     handed_over: int | None = None  # the same fault's episode just closed (human, RMA)
-    lemon: str = ""  # why the node is a lemon, "" if not
+    lemon: str = ""  # why the faulty part is a lemon (remediation.policy.LemonScore), "" if not
     enabled: bool = True  # [remediation] enabled
     requeue_resilient: bool = True  # [hooks] requeue_resilient
     first_rung: Mapping[str, str] = field(default_factory=dict)  # [remediation] first_rung
     # The same daemon answers this fault again because Slurm failed its first answer (its
     # job actions did not happen): a handed-over episode does not make them stand.
     answer_again: bool = False
+    # [remediation] max_restarts: the most restarts a job's comment may ask for (None: no
+    # cap); a job asking more gets the cap, and its AdminComment says so.
+    max_restarts: int | None = None
 
 
 class EpisodeMove(StrEnum):
@@ -243,10 +272,12 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
     rec = first.recommendation
     reason = format_reason(first.fault_class or first.check, first.target, first.message)
     restarts: tuple[JobDecision, ...] | None = None
-    if rec is Recommendation.RESTART_APP and first.status is not Status.CRITICAL:
-        # The application must restart: requeue. The node is fine (no drain, no episode)
-        # unless the catalog names a follow-up, which goes on as a fault of its own.
-        restarts = _jobs(facts, first, reason, keep_running=False)
+    if _restarts_app(first):
+        # The application must restart: requeue the jobs on the faulty GPU (every job for a
+        # host fault). The node is fine (no drain, no episode) unless the catalog names a
+        # follow-up, which goes on as a fault of its own.
+        hit = _hit(findings, facts, node_wide=False)
+        restarts = _jobs(facts, hit, first, reason, keep_running=False)
         word = first.evidence.get("follow_up")
         follow_up = Recommendation.parse(word) if word else Recommendation.NONE
         if follow_up in (Recommendation.NONE, Recommendation.RESTART_APP):
@@ -265,6 +296,10 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
     when_idle = rec in (Recommendation.GPU_RESET_WHEN_IDLE, Recommendation.DRAIN_AFTER_JOB)
     # Requeue only off a node that will not run it again: drained now, or already out.
     out = drain or owner != ""
+    # Which jobs the fault touches: those on the faulty GPU, unless the repair takes the
+    # whole node (a driver reload, a reboot: XID 79), which stops every job on it.
+    start = first_rung(first.fault_class, rec.value, facts.first_rung)
+    hit = _hit(findings, facts, node_wide=start in (Rung.DRIVER_RELOAD, Rung.REBOOT))
     if facts.open_episode is not None:
         episode, episode_id, state, rung = EpisodeMove.JOIN, facts.open_episode, "", None
         why = f"joins episode {facts.open_episode}"
@@ -273,7 +308,7 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
         # report's job actions stand; the drain is decided again from what Slurm shows
         # (already Medic's, past the cap, or put back in service by a human meanwhile).
         why = f"joins episode {facts.handed_over} (handed over)"
-        again = _jobs(facts, first, reason, keep_running=not out) if facts.answer_again else ()
+        again = _jobs(facts, hit, first, reason, keep_running=not out) if facts.answer_again else ()
         return FaultDecision(
             drain, reason, why, EpisodeMove.JOIN, facts.handed_over, jobs=() if when_idle else again
         )
@@ -288,7 +323,7 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
         elif rung is None:
             state, why = NEEDS_HUMAN, f"no ladder rung for {rec.value!r}: a human looks"
         elif facts.lemon:
-            rung, why = Rung.RMA, f"lemon node: {facts.lemon}"
+            rung, why = Rung.RMA, f"lemon: {facts.lemon}"
         if owner == "other":
             state, why = NEEDS_HUMAN, f"drained by someone else ({facts.slurm.reason}): kept"
         elif capped:
@@ -299,7 +334,13 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
     if restarts is not None:
         jobs = restarts
     elif not when_idle:
-        jobs = _jobs(facts, first, reason, keep_running=not out)
+        jobs = _jobs(facts, hit, first, reason, keep_running=not out)
+    elif app_restarts := [f for f in findings if _restarts_app(f)]:
+        # Running jobs finish untouched, except those whose application must restart (an
+        # XID 94 reported with the pending remap it left: one answer, both findings).
+        app = primary(app_restarts)
+        why_app = format_reason(app.fault_class or app.check, app.target, app.message)
+        jobs = _jobs(facts, _hit(app_restarts, facts, False), app, why_app, keep_running=False)
     return FaultDecision(
         drain=drain,
         reason=reason,
@@ -314,16 +355,47 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
     )
 
 
+def _restarts_app(finding: Finding) -> bool:
+    return (
+        finding.recommendation is Recommendation.RESTART_APP
+        and finding.status is not Status.CRITICAL
+    )
+
+
+def _hit(findings: Sequence[Finding], facts: FaultFacts, node_wide: bool) -> tuple[JobFacts, ...]:
+    """The node's jobs that any of the fault's findings touches (`jobs_hit`)."""
+    hit = {
+        job.job_id
+        for finding in findings
+        for job in jobs_hit(finding.component, facts.jobs, node_wide)
+    }
+    return tuple(j for j in facts.jobs if j.job_id in hit)
+
+
+def capped_budget(asked: int, max_restarts: int | None) -> int:
+    return asked if max_restarts is None else min(asked, max_restarts)
+
+
 def _jobs(
-    facts: FaultFacts, first: Finding, reason: str, keep_running: bool
+    facts: FaultFacts,
+    jobs: Sequence[JobFacts],
+    first: Finding,
+    reason: str,
+    keep_running: bool,
 ) -> tuple[JobDecision, ...]:
     node = facts.node
     what = reason.removeprefix("medic: ")
     out = []
-    for job in facts.jobs:
+    for job in jobs:
         if job.state not in RUNNING_STATES:
             continue
         key = fault_key(job.slurm_restarts)
+        budget = capped_budget(job.budget, facts.max_restarts) if job.budget is not None else None
+        capped = (
+            f" (asked {job.budget}, capped by [remediation] max_restarts)"
+            if budget is not None and job.budget is not None and budget < job.budget
+            else ""
+        )
         if job.budget is None or not job.requeue:
             note = f"medic: {node} {what}; not resilient, not requeued"
             out.append(JobDecision(job.job_id, "not_resilient", note))
@@ -334,9 +406,9 @@ def _jobs(
         elif not facts.requeue_resilient:
             note = f"medic: {node} {what}; requeue_resilient is off"
             out.append(JobDecision(job.job_id, "left", note))
-        elif key not in job.ledger.charged and job.ledger.restarts >= job.budget:
+        elif budget is not None and key not in job.ledger.charged and job.ledger.restarts >= budget:
             note = (
-                f"medic: restart budget spent ({job.ledger.restarts}/{job.budget});"
+                f"medic: restart budget spent ({job.ledger.restarts}/{budget}{capped});"
                 f" {node} fault left to the job"
             )
             out.append(JobDecision(job.job_id, "budget_spent", note))
@@ -344,14 +416,14 @@ def _jobs(
             ledger = job.ledger.charge(key)
             note = (
                 f"medic: requeued off {node} ({first.fault_class});"
-                f" restart {ledger.restarts}/{job.budget}"
+                f" restart {ledger.restarts}/{budget}{capped}"
             )
             if job.pinned:  # -w names the node: it waits until Medic gives the node back
                 note += f"; the job asks for {node} (-w) and waits for it: resubmit without"
             out.append(JobDecision(job.job_id, "requeue", note, ledger, job.slurm_restarts))
     # Every note replaces the job's AdminComment (carry_out): one that is not a requeue
     # carries the ledger too, or the restarts charged so far are forgotten and spent again.
-    ledgers = {job.job_id: job.ledger for job in facts.jobs}
+    ledgers = {job.job_id: job.ledger for job in jobs}
     return tuple(
         d
         if d.action == "requeue" or ledgers[d.job_id] == Ledger()

@@ -234,6 +234,7 @@ class Ladder:
             enabled=self.settings.enabled,
             requeue_resilient=requeue_resilient,
             first_rung=self.settings.first_rung,
+            max_restarts=self.settings.max_restarts,
         )
 
     def fault_facts(
@@ -283,6 +284,7 @@ class Ladder:
             requeue_resilient=requeue_resilient,
             first_rung=self.settings.first_rung,
             answer_again=again,
+            max_restarts=self.settings.max_restarts,
         )
 
     def _record(

@@ -36,8 +36,10 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+
+from remediation.policy import fault_family
 
 # Job actions (remediation.decide, remediation.actions) that end a resilient job's run.
 REQUEUED = "requeued"
@@ -151,6 +153,7 @@ class EpisodeRow:
     failed_requalifications: int = 0
     rung: int = 0
     ticket_id: int | None = None
+    target: str = ""  # the part: a GPU's index, an HCA port, "" for the host
 
     @property
     def went_to_rma(self) -> bool:
@@ -744,15 +747,28 @@ def _union_seconds(
     return total
 
 
-def _is_lemon(episodes: Sequence[EpisodeRow], rule: LemonRule) -> bool:
-    """The ladder's rule at any moment of the window: `rule.episodes` opened within
-    `rule.days`, or `rule.failed_requalifications` failed re-qualifications."""
-    if sum(e.failed_requalifications for e in episodes) >= rule.failed_requalifications:
-        return True
-    opened = sorted(e.opened_at for e in episodes)
+def _is_lemon(episodes: Sequence[EpisodeRow], rule: LemonRule, repaired: Collection[int]) -> bool:
+    """The ladder's rule (remediation.policy.LemonScore) at any moment of the window, per
+    part and fault family: `rule.episodes` episodes of one part (`target`) and one family
+    that needed a repair (`repaired`: a rung's step ran, or an RMA ticket) and that no human
+    closed, within `rule.days`, or `rule.failed_requalifications` failed re-qualifications
+    among them. A link that came back by itself never counts toward a GPU's."""
+    groups: dict[tuple[str, str], list[EpisodeRow]] = defaultdict(list)
+    for e in episodes:
+        if (e.id in repaired or e.went_to_rma) and e.state != HUMAN_CLOSED:
+            groups[(e.target, fault_family(e.fault_class))].append(e)
     span = dt.timedelta(days=rule.days)
     n = rule.episodes
-    return any(opened[i + n - 1] - opened[i] <= span for i in range(len(opened) - n + 1))
+    for group in groups.values():
+        if sum(e.failed_requalifications for e in group) >= rule.failed_requalifications:
+            return True
+        opened = sorted(e.opened_at for e in group)
+        if any(opened[i + n - 1] - opened[i] <= span for i in range(len(opened) - n + 1)):
+            return True
+    return False
+
+
+HUMAN_CLOSED = "closed"  # remediation.episodes.CLOSED: a human closed it (no fault, or fixed)
 
 
 def fleet_report(data: ReportInput, interruptions: Sequence[Interruption]) -> FleetReport:
@@ -771,6 +787,9 @@ def fleet_report(data: ReportInput, interruptions: Sequence[Interruption]) -> Fl
     episodes_by_node: dict[str, list[EpisodeRow]] = defaultdict(list)
     for e in opened:
         episodes_by_node[e.node].append(e)
+    # An episode needed a repair when a rung's step ran (the ladder's lemon rule counts no
+    # other): a link re-checked until it came back did not.
+    repaired = {s.episode_id for s in data.steps}
     out_intervals: dict[str, list[tuple[dt.datetime, dt.datetime]]] = defaultdict(list)
     for e in overlapping:
         if e.state != WAITING_CAP:  # a needs_human node stays out until a human acts
@@ -802,7 +821,7 @@ def fleet_report(data: ReportInput, interruptions: Sequence[Interruption]) -> Fl
                 jobs_touched=len(jobs_by_node[node]),
                 out_of_service_s=out,
                 rma_s=rma,
-                lemon=_is_lemon(episodes_by_node[node], data.lemon),
+                lemon=_is_lemon(episodes_by_node[node], data.lemon, repaired),
             )
         )
     figures.sort(key=lambda f: (-f.episodes, -f.interruptions, -f.out_of_service_s, f.node))

@@ -249,6 +249,7 @@ def episodes_and_steps(
         e.c.failed_requalifications,
         e.c.rung,
         e.c.ticket_id,
+        e.c.target,
     ).where(
         e.c.opened_at <= until,
         or_(e.c.closed_at.is_(None), e.c.closed_at >= since, e.c.state == ep.NEEDS_HUMAN),
@@ -266,9 +267,10 @@ def episodes_and_steps(
                 failed_requalifications=int(failed),
                 rung=int(rung),
                 ticket_id=None if ticket is None else int(ticket),
+                target=target or "",
             )
-            for i, node, state, fault_class, opened, closed, failed, rung, ticket in conn.execute(
-                query
+            for i, node, state, fault_class, opened, closed, failed, rung, ticket, target in (
+                conn.execute(query)
             )
         ]
         opened_ids = [str(x.id) for x in episodes if since <= x.opened_at <= until]

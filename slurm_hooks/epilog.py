@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from healthd.api import HealthdUnavailable, ask
+from medic_core.api import HealthdUnavailable, ask
 from medic_core.config import ConfigError, load_config
 
 

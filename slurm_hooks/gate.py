@@ -20,9 +20,9 @@ from medic_core.config import MedicConfig
 from medic_core.settings import HookSettings
 from medic_core.status import Status
 from medic_core.vocabulary import Finding, Verdict
+from remediation.actions import record_gate, refuse_launch
 from remediation.decide import GateDecision
 from remediation.decide import decide_launch as decide
-from slurm_hooks.actions import record_gate, refuse_launch
 
 ACTIONS_GRACE = 0.3  # seconds past the deadline for recording and the refusal's actions
 

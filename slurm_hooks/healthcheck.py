@@ -37,7 +37,7 @@ class HealthCheckOutcome:
 def remediation_owns(config: MedicConfig, node: str) -> str:
     """Why the node is not the health check's to resume: an open remediation episode (the
     ladder resumes it itself) or an open RMA ticket (closing it re-qualifies the node)."""
-    from healthd.api import HealthdUnavailable, ask
+    from medic_core.api import HealthdUnavailable, ask
 
     try:
         reply = ask(config.paths.socket, {"op": "status"}, timeout=2.0)
@@ -53,15 +53,15 @@ def remediation_owns(config: MedicConfig, node: str) -> str:
 def health_check(
     config: MedicConfig, settings: HookSettings, client: SlurmClient
 ) -> HealthCheckOutcome:
-    from healthd.api import HealthdUnavailable, ask
     from healthd.inline import run_inline
+    from medic_core.api import HealthdUnavailable, ask
     from medic_core.drain_book import HOOK, node_book
     from medic_core.drain_reason import is_medic_reason
     from medic_core.status import Status
     from medic_core.vocabulary import Finding, Verdict
+    from remediation.actions import drain_through_core
     from remediation.decide import decide_resume
     from remediation.give_back import facts_of, give_back
-    from slurm_hooks.actions import drain_through_core
 
     node = config.node_name
     daemon_up = True
@@ -128,7 +128,7 @@ def main() -> int:
     except ConfigError as exc:
         print(f"medic-healthcheck: {exc}", file=sys.stderr)
         return 1
-    from slurm_hooks.actions import slurm_client
+    from remediation.actions import slurm_client
 
     try:
         outcome = health_check(config, settings, slurm_client(config, settings))
@@ -136,7 +136,7 @@ def main() -> int:
         print(f"medic-healthcheck: {exc}", file=sys.stderr)
         return 1
     print(f"medic-healthcheck: {config.node_name}: {outcome.message}")
-    from slurm_hooks.actions import replay_journal
+    from remediation.actions import replay_journal
 
     replayed = replay_journal(config)  # events the hooks kept while the store was away
     if replayed:

@@ -67,7 +67,7 @@ def _reply_from_front() -> dict[str, Any] | None:
 
 def main() -> int:
     started = launch_started(LOADED)
-    from healthd.api import HealthdUnavailable, ask
+    from medic_core.api import HealthdUnavailable, ask
     from medic_core.config import ConfigError, load_config
 
     job_id = os.environ.get("SLURM_JOB_ID", "")

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"medic release: {exc}", file=sys.stderr)
         return 2
-    from slurm_hooks.actions import record_event, slurm_client
+    from remediation.actions import record_event, slurm_client
 
     action, message = release_when_held(
         slurm_client(config, settings),

@@ -22,6 +22,14 @@ def poll(what: str, predicate: Callable[[], bool], timeout: float = 10.0) -> Non
         time.sleep(0.05)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that needs the lab (the `lab_session` fixture, however indirectly) is
+    marked `lab`, so `pytest -m "not lab"` is the fast tier without a test naming itself."""
+    for item in items:
+        if "lab_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.lab)
+
+
 @pytest.fixture(scope="session")
 def lab_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     if os.geteuid() != 0:

@@ -25,10 +25,13 @@ from tests.test_production_lab import wheel_venv
 KIT = REPO / "deploy" / "ansible"
 PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 
-pytestmark = pytest.mark.skipif(
-    not PLAYBOOK.exists() or bool(can_sandbox()),
-    reason="needs ansible-core (the dev extra) and unshare/setpriv",
-)
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(
+        not PLAYBOOK.exists() or bool(can_sandbox()),
+        reason="needs ansible-core (the dev extra) and unshare/setpriv",
+    ),
+]
 
 
 def play(inventory: Path, wheel: Path) -> proc.CommandResult:

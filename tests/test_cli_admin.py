@@ -234,7 +234,7 @@ def test_jobs_shows_a_resilient_job_requeued_off_a_faulty_node(lab: Lab, tmp_pat
     )
     [listed] = as_json(jobs, "--config", conf)
     assert listed["job_id"] == resilient and listed["restarts_allowed"] == 2
-    assert listed["restarts_used"] == 0
+    assert (listed["restarts_used"], listed["slurm_restarts"]) == (0, 0)
     assert {j["job_id"] for j in as_json(jobs, "--config", conf, "--all")} >= {resilient, plain}
 
     lab.inject("n2", 0, ["xid=79"])
@@ -248,9 +248,11 @@ def test_jobs_shows_a_resilient_job_requeued_off_a_faulty_node(lab: Lab, tmp_pat
 
     poll("the job requeued by Medic", requeued, timeout=15)
     table = run(jobs, "--config", conf).stdout.splitlines()
-    assert table[0].split()[:6] == ["JOB", "NAME", "USER", "STATE", "RESTARTS", "NODES"]
+    assert table[0].split()[:7] == [
+        "JOB", "NAME", "USER", "STATE", "MEDIC_RESTARTS", "SLURM_RESTARTS", "NODES"
+    ]  # fmt: skip
     [row] = table[1:]
-    assert row.split()[0] == resilient and "1/2" in row.split()
+    assert row.split()[0] == resilient and "1/2" in row.split()  # charged by Medic, of 2
     # The last of Medic's actions for the job: the requeue, or a later gate refusal on n2.
     assert re.search(r"n2: (requeued|gate refused) \(gpu\.xid\.79\)$", row), row
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from cli.lab.cluster import Lab, pid_alive
-from healthd.api import HealthdUnavailable, ask
 from medic_core import proc
+from medic_core.api import HealthdUnavailable, ask
 from medic_core.store import Store, open_store
 from tests.conftest import poll
 

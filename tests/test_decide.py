@@ -179,17 +179,17 @@ def test_restart_app_requeues_the_resilient_job_without_a_drain() -> None:
     assert [j.action for j in d.jobs] == ["requeue", "not_resilient"]
 
 
-XID94_CATALOG = Finding(
+XID94_FOLLOW_UP = Finding(
     "gpu_xid", Status.WARN, "gpu.xid.94", "1", "contained ECC error",
     Recommendation.RESTART_APP, evidence={"follow_up": "gpu_reset_when_idle", "xid": 94},
 )  # fmt: skip
 
 
-def test_xid_94_restarts_the_app_now_and_resets_the_gpu_once_idle() -> None:
-    """NVIDIA's catalog: RESTART_APP now, and reset the GPU when convenient. The resilient
-    job is requeued; the node takes no new job and its GPU is reset once idle."""
+def test_a_catalog_follow_up_goes_on_as_a_fault_of_its_own() -> None:
+    """An entry naming a follow-up (none of the shipped ones does): the application restarts
+    now; the node takes no new job and its GPU is reset once idle."""
     plain = JobFacts("8", "RUNNING", None, False, False)
-    d = decide_fault([XID94_CATALOG], FaultFacts("n1", IN_SERVICE, (resilient(), plain)))
+    d = decide_fault([XID94_FOLLOW_UP], FaultFacts("n1", IN_SERVICE, (resilient(), plain)))
     assert d.requeued == ("7",)
     assert [j.action for j in d.jobs] == ["requeue", "not_resilient"]
     assert d.drain and d.episode is EpisodeMove.OPEN

@@ -489,21 +489,21 @@ def test_9_xid_13_requeues_the_resilient_job_and_the_node_stays_in_service(
     assert ep.EpisodeStore(store).find(node="n1") == []
 
 
-def test_9_xid_94_requeues_the_resilient_job_now_and_resets_the_gpu_once_idle(
+def test_9_xid_94_requeues_the_resilient_job_now_and_its_pending_remap_resets_the_gpu(
     lab: Lab, store: Store, tmp_path: Path
 ) -> None:
-    """XID 94 alone (a contained ECC error) requeues the job at once; its catalog follow-up,
-    a GPU reset when convenient, drains the node so no new job starts and resets the GPU
-    once the node is idle (docs/remediation.md, `restart_app`)."""
+    """XID 94 (a contained memory error, NVIDIA's RESTART_APP) requeues the job at once and
+    drains nothing; the row remap it leaves pending is measured at once (the XID wakes
+    gpu_remapped_rows), and that finding drains the node so no new job starts and resets
+    the GPU once idle (docs/remediation.md, `restart_app`)."""
     lab.start_healthd("n1")
     job_id, _ = running_job(lab, tmp_path, "--resilient=2", only_on(lab, "n1"))
-    lab.inject("n1", 3, ["xid=94"])
+    lab.inject("n1", 3, ["xid=94", "remap.pending=1"])
     poll("the job requeued", lambda: "requeued" in job_actions(store, "n1", job_id), timeout=15)
     assert "requeued off n1 (gpu.xid.94)" in admin_comment(lab, job_id)
-    episode = wait_episode(store, "n1", ep.OPEN_STATES + ep.CLOSED_STATES, timeout=5)
+    episode = wait_episode(store, "n1", ep.OPEN_STATES + ep.CLOSED_STATES, timeout=15)
+    assert (episode.fault_class, episode.target) == ("gpu.remap.pending", "3")
     assert (episode.recommendation, episode.first_rung) == ("gpu_reset_when_idle", 1)
-    [fault] = [e for e in store.events("n1", kind="job_action") if e.target == "3"]
-    assert fault.evidence["drain"] == "drained", fault.message  # no new job meanwhile
     done = wait_episode(store, "n1", (ep.RESOLVED, ep.NEEDS_HUMAN, ep.RMA), timeout=60)
     assert done.state == ep.RESOLVED, done.message
     assert [s.action for s in ep.EpisodeStore(store).steps(done.id)] == ["gpu_reset"]

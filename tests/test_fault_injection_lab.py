@@ -41,8 +41,8 @@ import pytest
 
 from cli.lab.cluster import Lab, pid_alive
 from cli.lab.slurm_conf import with_check_options
-from healthd.api import HealthdUnavailable, ask
 from medic_core import proc
+from medic_core.api import HealthdUnavailable, ask
 from medic_core.store import Store, open_store
 from remediation import episodes as ep
 from remediation.webhook import outbox

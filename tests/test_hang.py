@@ -603,7 +603,7 @@ class FakeStore:
 def answer(monkeypatch: pytest.MonkeyPatch, slurm: FakeSlurm, hang: Hang) -> tuple[bool, FakeStore]:
     from healthd import ladder_thread
     from medic_core.config import MedicConfig
-    from slurm_hooks import actions
+    from remediation import actions
 
     store = FakeStore()
 

@@ -15,6 +15,7 @@ from cli.lab import isolate as lab_isolate
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import with_check_options
 from healthd.checks import registry
+from medic_core.drain_book import DrainBook
 from medic_core.drain_reason import format_reason
 from medic_core.settings import IsolationSettings
 from medic_core.slurm import CliSlurm
@@ -74,7 +75,9 @@ def test_an_xid_on_gpu5_leaves_seven_gpus_schedulable(
     # What the fault path leaves behind an XID 94 on GPU 5: the GPU faulted (the lab's
     # NVML says so until it is reset), n1 drained with Medic's reason, an episode open.
     lab.inject("n1", 5, ["xid=94"])
-    slurm.drain("n1", format_reason("gpu.xid.94", "gpu5"))
+    reason = format_reason("gpu.xid.94", "gpu5")
+    DrainBook.of(store).record_drain("n1", reason, actor="daemon")  # Medic's drain, recorded
+    slurm.drain("n1", reason)
     episode = episodes.open_episode(
         "n1", state=ep.WAITING_IDLE, fault_class="gpu.xid.94", target="5", check="gpu_xid",
         recommendation="gpu_reset", rung=1, message="XID 94 on GPU 5", evidence={},

@@ -19,7 +19,7 @@ from healthd.fixtures import write_host_tree
 from medic_core import journal, proc
 from medic_core.config import NodePaths, load_config
 from medic_core.store import open_store
-from slurm_hooks.actions import replay_journal
+from remediation.actions import replay_journal
 
 VENV_BIN = Path(sys.executable).parent
 FUZZ = settings(max_examples=200, derandomize=True, database=None, deadline=None)

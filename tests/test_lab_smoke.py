@@ -18,6 +18,8 @@ from tests.conftest import poll
 from tests.lab_views import idle_and_clear
 from tests.test_production_lab import wheel_venv
 
+pytestmark = pytest.mark.lab  # every test here starts a lab or runs the demo
+
 
 def _job_state(lab: Lab, job_id: str) -> str:
     out = lab.slurm(["scontrol", "show", "job", "-o", job_id]).stdout

@@ -34,6 +34,7 @@ from medic_core.vocabulary import Finding, Recommendation
 from remediation import episodes as ep
 from remediation import ladder as ladder_module
 from remediation import tickets
+from remediation.actions import carry_out, job_facts
 from remediation.ladder import (
     REBOOT_REFUSALS,
     REBOOT_REFUSED_RETRY,
@@ -42,7 +43,6 @@ from remediation.ladder import (
     Ladder,
 )
 from remediation.policy import Rung
-from slurm_hooks.actions import carry_out, job_facts
 
 NODES = ("n1", "n2", "n3", "n4", "n5")  # one partition: the cap is max(1, 10 % of 5) = 1
 START = dt.datetime(2025, 3, 3, 12, 0, tzinfo=dt.UTC)
@@ -184,7 +184,7 @@ class Job:
 
 class FakeSlurm:
     """slurmctld in memory: what the ladder calls, and the daemon's fault response (through
-    slurm_hooks.actions), each call recorded; any other call fails the test. `fail` and
+    remediation.actions), each call recorded; any other call fails the test. `fail` and
     `unreachable` make calls raise SlurmError as the real client does."""
 
     def __init__(self, clock: Clock, crasher: Crasher) -> None:
@@ -479,7 +479,7 @@ class World:
 
     def fault(self, node: str, *findings: Finding) -> Admission:
         """The daemon's response to a fresh fault (healthd.ladder_thread.respond): the
-        ladder admits it, slurm_hooks.actions carries the decision out."""
+        ladder admits it, remediation.actions carries the decision out."""
         self.nodes[node].findings = list(findings)
         ladder = self.daemon(node)
         admission = ladder.admit(findings, job_facts(self.slurm, node))
@@ -1005,7 +1005,7 @@ def test_a_lemon_node_goes_straight_to_rma(world: World) -> None:
     admission = world.fault("n2", XID_95)
     assert admission.episode is not None and admission.episode.rung == int(Rung.RMA)
     lemon = "3 gpu-memory episodes on GPU 3 in 7 days"
-    assert f"lemon node: {lemon}" in admission.why
+    assert f"lemon: {lemon}" in admission.why
     episode = world.tick("n2")
     assert episode is not None and episode.state == ep.RMA
     assert world.steps("n2") == [] and not world.nodes["n2"].commands

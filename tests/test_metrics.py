@@ -25,7 +25,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cli.lab import scenario as sc
 from cli.lab.cluster import Lab
-from healthd.api import ask
 from healthd.checks.base import CheckContext, Result, Status, fault, ok
 from healthd.daemon import HealthDaemon
 from healthd.ladder_thread import attach_ladder
@@ -33,6 +32,7 @@ from healthd.metrics import DaemonMetrics, medic_version
 from healthd.slurm_seen import SlurmSeen
 from healthd.xid import XidBuffer
 from medic_core import proc
+from medic_core.api import ask
 from medic_core.config import load_config
 from medic_core.slurm import NodeInfo
 from medic_core.store import Store, open_configured_store, open_store

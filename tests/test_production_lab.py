@@ -29,7 +29,10 @@ from remediation.ladder import Rung
 from tests.conftest import poll
 from tests.test_remediation import MATRIX, fault_matrix_case
 
-pytestmark = pytest.mark.skipif(bool(can_sandbox()), reason=can_sandbox() or "ok")
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(bool(can_sandbox()), reason=can_sandbox() or "ok"),
+]
 
 # The whole fault matrix runs here, as it ships: the wheel, the unit's sandbox, the store of
 # each node. tests/test_remediation.py runs a few of its rows on the shared store.

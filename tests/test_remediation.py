@@ -120,7 +120,15 @@ MATRIX = [
     ("xid64", 2, ["xid=64"], Rung.GPU_RESET, ep.RESOLVED),
     ("xid74_nvlink", 3, ["xid=74"], Rung.GPU_RESET, ep.RESOLVED),
     ("xid79_off_the_bus", 4, ["xid=79"], Rung.REBOOT, ep.RESOLVED),
-    ("xid94_contained_reset_once_idle", 4, ["xid=94"], Rung.GPU_RESET, ep.RESOLVED),
+    # XID 94 restarts the application only; the row remap it leaves pending is its own
+    # finding (gpu.remap.pending), whose GPU reset once idle resolves it.
+    (
+        "xid94_contained_remap_pending",
+        4,
+        ["xid=94", "remap.pending=1"],
+        Rung.GPU_RESET,
+        ep.RESOLVED,
+    ),
     ("xid95_uncontained", 5, ["xid=95"], Rung.GPU_RESET, ep.RESOLVED),
     ("xid119_gsp", 6, ["xid=119"], Rung.GPU_RESET, ep.RESOLVED),
     ("ecc_dbe", 7, ["ecc.dbe=1"], Rung.GPU_RESET, ep.RESOLVED),

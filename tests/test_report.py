@@ -219,7 +219,34 @@ def test_fleet_figures() -> None:
 
 def test_lemon_by_failed_requalifications() -> None:
     episodes = [episode(1, "n1", 0, 600, failed_requalifications=2)]
-    assert rp.build_report(data(episodes=episodes)).fleet.lemons[0].node == "n1"
+    steps = [rp.StepRow(1, 1, "gpu_reset", "done", at(10), at(40))]
+    assert rp.build_report(data(episodes=episodes, steps=steps)).fleet.lemons[0].node == "n1"
+
+
+def test_the_reports_lemons_are_the_ladders_per_part_and_family() -> None:
+    """Issue 22: a link that came back by itself (no repair) and faults of other GPUs or
+    other families never make a lemon; three repaired memory faults of one GPU do."""
+    day = 86400
+
+    def ep(id_: int, opened: float, fault: str, target: str) -> rp.EpisodeRow:
+        return rp.EpisodeRow(id_, "n1", "resolved", fault, at(opened), at(opened + 600),
+                             target=target)  # fmt: skip
+
+    def reset(id_: int, opened: float) -> rp.StepRow:
+        return rp.StepRow(id_, 1, "gpu_reset", "done", at(opened + 10), at(opened + 40))
+
+    mixed = [ep(1, 0, "ib.port.down", "mlx5_0/1"), ep(2, day, "gpu.ecc.dbe", "3"),
+             ep(3, 2 * day, "gpu.xid.79", "3"), ep(4, 3 * day, "gpu.ecc.dbe", "5")]  # fmt: skip
+    steps = [reset(i, (i - 1) * day) for i in (2, 3, 4)]
+    assert rp.build_report(data(episodes=mixed, steps=steps)).fleet.lemons == ()
+    memory = [ep(1, 0, "gpu.ecc.dbe", "3"), ep(2, day, "gpu.xid.48", "3"),
+              ep(3, 2 * day, "gpu.remap.failure", "3")]  # fmt: skip
+    steps = [reset(i, (i - 1) * day) for i in (1, 2, 3)]
+    assert [n.node for n in rp.build_report(data(episodes=memory, steps=steps)).fleet.lemons] == [
+        "n1"
+    ]
+    # The same three with no repair run (re-checked until they cleared): no lemon.
+    assert rp.build_report(data(episodes=memory)).fleet.lemons == ()
 
 
 def test_percentile() -> None:

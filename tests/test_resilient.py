@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from cli.lab.cluster import Lab
 from cli.sbatch import sbatch, sbatch_argv
 from medic_core import proc
+from medic_core.resilient import DEFAULT_RESTARTS, parse_resilient, tag
 from slurm_hooks.checkpoint import CheckpointDir
-from slurm_hooks.resilient import DEFAULT_RESTARTS, parse_resilient, tag
 from slurm_hooks.spank import build
 from tests.conftest import poll
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from healthd.api import HealthdUnavailable, ask
 from healthd.metrics import METRICS_MAX_CONNECTIONS, DaemonMetrics, MetricsServer
+from medic_core.api import HealthdUnavailable, ask
 from medic_core.settings import DaemonSettings
 from tests.conftest import poll
 from tests.test_daemon import plain_config, start_daemon, stop_daemon

@@ -552,8 +552,8 @@ def test_the_daemon_runs_command_checks_and_reloads_them(tmp_path: Path) -> None
     import os
     import signal
 
-    from healthd.api import HealthdUnavailable, ask
     from medic_core import proc
+    from medic_core.api import HealthdUnavailable, ask
     from tests.conftest import poll
 
     write_host_tree(tmp_path / "host")

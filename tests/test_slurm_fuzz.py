@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from medic_core.resilient import MAX_RESTARTS, parse_resilient
 from medic_core.slurm import CliSlurm, SlurmError, parse_jobs, parse_nodes
-from slurm_hooks.resilient import MAX_RESTARTS, parse_resilient
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -4,7 +4,7 @@ every op; a member of `socket_group` (SlurmdUser's group) only what the hooks se
 `check` (any check by name, the deep tier's hour of burn-in included) is refused to it.
 
 The real medic-healthd, with its socket given to `nogroup`; the peer is `nobody` (whose
-group that is) through setpriv, running the project's own client (healthd.api.ask)."""
+group that is) through setpriv, running the project's own client (medic_core.api.ask)."""
 
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ from typing import Any
 
 import pytest
 
-from healthd.api import ask
 from healthd.socket_api import ROOT_ONLY_OPS, SOCKET_OPS
 from medic_core import proc
+from medic_core.api import ask
 from tests.test_daemon import plain_config, start_daemon, stop_daemon
 
 REPO = Path(__file__).resolve().parent.parent
 ASK = """
 import json, sys
-from healthd.api import HealthdUnavailable, ask
+from medic_core.api import HealthdUnavailable, ask
 try:
     print(json.dumps(ask(sys.argv[1], json.loads(sys.argv[2]), timeout=20)))
 except HealthdUnavailable as exc:  # the client's form of an error reply

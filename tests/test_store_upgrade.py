@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
-from healthd.api import ask
+from medic_core.api import ask
 from medic_core.proc import spawn
 from medic_core.store import (
     MIGRATIONS,

@@ -20,11 +20,11 @@ import pytest
 
 from cli.lab.production import setpriv_argv, unit_capabilities
 from healthd import logs, sdnotify
-from healthd.api import ask
 from healthd.checks.base import CheckContext, Status, fault, ok
 from healthd.daemon import EXIT_CONFIG, HealthDaemon, main
 from healthd.watchdog import Heartbeat
 from medic_core import proc
+from medic_core.api import ask
 from medic_core.config import load_config
 from medic_core.store import open_configured_store
 from tests.conftest import poll

@@ -55,8 +55,8 @@ import pytest
 
 from cli.lab.cluster import SYSTEM_PATH, Lab, pid_alive
 from cli.lab.slurm_conf import with_check_options
-from healthd.api import ask
 from medic_core import proc
+from medic_core.api import ask
 from medic_core.store import Store, open_store
 from remediation import tickets
 from tests.conftest import poll

@@ -457,7 +457,7 @@ class Lab:
     def start_healthd(self, name: str, config: Path | None = None, timeout: float = 20.0) -> int:
         """Start the node's `medic-healthd` (as systemd would on a real node) and wait until
         its socket answers; `config` replaces the lab's medic.toml for this daemon."""
-        from healthd.api import HealthdUnavailable, ask
+        from medic_core.api import HealthdUnavailable, ask
 
         node = self.node(name)
         self.stop_healthd(name)

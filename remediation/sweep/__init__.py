@@ -22,8 +22,9 @@ Three modules, imported one way only (an import-linter contract in pyproject.tom
 - `policy`: pure planning (`risk`, `rank`, `share_cap`, `next_batch`, `availability`,
   `judge`): no SQLAlchemy, no store, no Slurm command, no subprocess;
 - `store`: the `sweeps` and `sweep_nodes` tables, `SweepStore` and the one-sweep lock;
-- `runner`: `Sweeper`, which gathers from Slurm and the store and acts, `SweepSlurm` (the
-  reservations and srun) and `probe` (the deep tier on the node itself).
+- `runner`: `Sweeper`, which gathers from Slurm and the store and acts, and `SweepSlurm`
+  (the reservations and srun). The deep tier on the node itself (`medic sweep probe`) is
+  `healthd.inline.deep_probe`, the daemon's side of the layers.
 
 This package re-exports their public names: `from remediation.sweep import Sweeper`.
 """
@@ -71,7 +72,6 @@ from remediation.sweep.runner import (
     Sweeper,
     SweepReport,
     SweepSlurm,
-    probe,
 )
 from remediation.sweep.store import (
     METADATA,
@@ -126,7 +126,6 @@ __all__ = [
     "natural_key",
     "next_batch",
     "partition_caps",
-    "probe",
     "rank",
     "reservation_name",
     "risk",

@@ -1,7 +1,7 @@
 """Offline sweeps, the runner: `Sweeper` gathers from Slurm and the store, plans with
 `remediation.sweep.policy`, writes each step to `remediation.sweep.store` before taking it,
 holds nodes with reservations (`SweepSlurm`), runs the probe under srun and hands failures
-to the ladder. `probe` is the deep tier on the node itself (`medic sweep probe`).
+to the ladder. The deep tier on the node itself (`medic sweep probe`) is healthd.inline.deep_probe.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from medic_core.config import MedicConfig
 from medic_core.drain_reason import drain_if_allowed, format_reason
 from medic_core.settings import SweepSettings
 from medic_core.slurm import CliSlurm, NodeInfo, SlurmError
-from medic_core.status import Status, worst
+from medic_core.status import Status
 from medic_core.store import Severity, Store
 from medic_core.vocabulary import Finding, Recommendation
 from remediation import episodes as ep
@@ -599,41 +599,3 @@ class _SweepLadderHost:
 
     def open_rma(self, episode: ep.Episode, why: str) -> int | None:
         return int(self._not_here())
-
-
-# ---- the probe: the deep tier on the node itself -------------------------------------------
-
-
-def probe(config: MedicConfig, checks: Sequence[str], timeout: float) -> dict[str, Any]:
-    """Run the deep tier here: through the node's medic-healthd when it answers (it records
-    the results and responds to a fault as always), else inline in this process."""
-    from healthd.api import HealthdUnavailable, ask
-
-    started = time.monotonic()
-    request: dict[str, Any] = {"op": "check", "budget": timeout}
-    if checks:
-        request["checks"] = list(checks)
-    else:
-        request["tier"] = "deep"
-    try:
-        reply = ask(config.paths.socket, request, timeout=timeout + 30)
-        source = "healthd"
-        results = list(reply.get("results", []))
-    except HealthdUnavailable:
-        from healthd.checks import load_check_configs
-        from healthd.checks.base import CheckContext, Tier
-        from healthd.results import result_json
-        from healthd.runner import Runner
-
-        runner = Runner(CheckContext.for_root(config.paths.host_root), load_check_configs(config))
-        names = list(checks) if checks else runner.selected(tier=Tier.DEEP)
-        report = runner.run(names, budget=timeout)
-        source = "inline"
-        results = [result_json(r) for r in report.results]
-    return {
-        "node": config.node_name,
-        "source": source,
-        "status": worst(Status(r.get("status", "UNKNOWN")) for r in results).value,
-        "seconds": round(time.monotonic() - started, 3),
-        "results": results,
-    }

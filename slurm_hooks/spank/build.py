@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from medic_core import proc
-from slurm_hooks.resilient import DEFAULT_RESTARTS
+from medic_core.resilient import DEFAULT_RESTARTS
 
 SOURCE = Path(__file__).with_name("medic_resilient.c")
 CLI_FILTER = Path(__file__).with_name("cli_filter.lua")

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from healthd.api import HealthdUnavailable, ask
 from medic_core import proc
+from medic_core.api import HealthdUnavailable, ask
 from medic_core.config import ConfigError, MedicConfig
 from medic_core.drain_reason import DrainOutcome, drain_if_allowed, format_reason
+from medic_core.resilient import parse_resilient
 from medic_core.settings import HookSettings, RemediationSettings
 from medic_core.slurm import CliSlurm, JobInfo, SlurmClient, SlurmError, expand_hostlist
 from medic_core.vocabulary import Finding, Verdict
@@ -32,7 +33,6 @@ from remediation.decide import (
     cap_reason,
     decide_fault,
 )
-from slurm_hooks.resilient import parse_resilient
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -265,6 +265,7 @@ def job_fact(job: JobInfo, node: str) -> JobFacts:
         pinned=node in required,
         ledger=Ledger.parse(job.admin_comment),
         slurm_restarts=job.restart_count,
+        gpus=job.gpus_by_node.get(node),
     )
 
 
