@@ -227,11 +227,16 @@ def test_jobs_shows_a_resilient_job_requeued_off_a_faulty_node(lab: Lab, tmp_pat
     resilient = submit("--resilient=2", "-w", "n2", "--wrap", "sleep 120")
     plain = submit("-w", "n1", "--wrap", "sleep 120")
     assert run(jobs, "--config", conf).exit_code == 0
-    poll(
-        "the resilient job running",
-        lambda: [j["state"] for j in as_json(jobs, "--config", conf)] == ["RUNNING"],
-        timeout=60,  # a loaded 2-core machine (CI) took over 15 s to start it
-    )
+    try:
+        poll(
+            "the resilient job running",
+            lambda: [j["state"] for j in as_json(jobs, "--config", conf)] == ["RUNNING"],
+            timeout=60,  # a loaded 2-core machine (CI) took over 15 s to start it
+        )
+    except AssertionError as exc:  # say why: the job's state and reason, n2's state
+        shown = lab.slurm(["scontrol", "-o", "show", "job", resilient], check=False).stdout
+        n2 = lab.slurm(["scontrol", "-o", "show", "node", "n2"], check=False).stdout
+        raise AssertionError(f"{exc}\njob: {shown[:600]}\nn2: {n2[:600]}") from None
     [listed] = as_json(jobs, "--config", conf)
     assert listed["job_id"] == resilient and listed["restarts_allowed"] == 2
     assert (listed["restarts_used"], listed["slurm_restarts"]) == (0, 0)

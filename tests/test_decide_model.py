@@ -293,11 +293,12 @@ class FleetModel(RuleBasedStateMachine):
         return held - {exclude}
 
     def slurm_held(self, exclude: str = "") -> set[str]:
-        """Medic's drains as Slurm shows them: what the cap counts with the store down."""
+        """Medic's drains as Slurm shows them (what the cap counts with the store down), of
+        those Medic made: an admin's drain that reads `medic: x` is not Medic's holding."""
         return {
             name
             for name, n in self.slurm.nodes_.items()
-            if (n.drained or n.down) and is_medic_reason(n.reason)
+            if (n.drained or n.down) and is_medic_reason(n.reason) and n.recorded
         } - {exclude}
 
     def over_cap(self, node: str) -> str:

@@ -212,7 +212,9 @@ def test_a_hung_nvml_init_inline_is_unknown_within_the_budget(
     verdict = json.loads(done.stdout)
     assert verdict["status"] == "UNKNOWN"
     assert any("nvmlInit" in m for m in verdict["messages"]), verdict["messages"]
-    assert verdict["seconds"] < 2.0 + 0.1  # the hung thread is abandoned, not waited for
+    # The hung thread is abandoned, not waited for (it never returns): the verdict comes at
+    # the budget; 0.5 s of slack for a loaded CI machine (2.15 s seen in a full suite run).
+    assert verdict["seconds"] < 2.0 + 0.5
     assert took < 2.0 + MARGIN + 1.0  # and it does not hold the process up at exit
 
 
