@@ -674,16 +674,14 @@ def test_a_heartbeat_not_owned_by_the_jobs_user_is_ignored(monkeypatch: pytest.M
     assert ok and slurm.requeued == [] and store.events == []
 
 
-def test_writer_cost_is_under_a_microsecond(hb_dir: Path) -> None:
-    import time
-
+def test_the_writer_keeps_every_step_in_its_shared_page(hb_dir: Path) -> None:
+    """20,000 steps in a row land in the page the daemon reads (the last one wins). Their
+    cost, ~0.25 us a step, is bench/heartbeat.py's to measure: a timed unit test failed
+    under a loaded full suite (7 us) without anything being wrong."""
     w = Writer(env=env_for(hb_dir))
     n = 20_000
-    start = time.perf_counter()
     for i in range(n):
         w.step(i)
-    per_call = (time.perf_counter() - start) / n
-    assert per_call < 5e-6  # ~0.25 us measured (bench/heartbeat.py); generous for load
     assert struct.unpack_from("<Q", Path(w.path or "").read_bytes(), 16)[0] == n - 1
 
 
