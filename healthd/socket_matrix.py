@@ -290,7 +290,8 @@ def refusal(op: Any, request: Mapping[str, Any], peer: Peer, caller: Caller) -> 
     """Why `peer` (in column `caller`) may not send `request`, in one line; "" if it may."""
     entry = MATRIX.get(op) if isinstance(op, str) else None
     if entry is None:
-        return f"unknown op {op!r}: use one of {', '.join(MATRIX)}"
+        # The caller's op echoed at most 40 characters: the refusal stays one short line.
+        return f"unknown op {repr(op)[:40]}: use one of {', '.join(MATRIX)}"
     grant = next((g for g in entry.grants if caller in g.callers), None)
     if grant is None:
         may = set().union(*(g.callers for g in entry.grants))

@@ -288,7 +288,7 @@ def test_the_ladders_ticket_in_the_lab(lab: Lab, tmp_path: Path) -> None:
     c = ("--config", str(conf))
     lab.start_healthd("n3", config=conf)
     lab.inject("n3", 2, ["xid=79"])
-    poll("the ladder's RMA ticket", lambda: bool(as_json("list", *c)), timeout=20)
+    poll("the ladder's RMA ticket", lambda: bool(as_json("list", *c)), timeout=45)  # loaded CI
 
     [ticket] = as_json("list", *c)
     assert (ticket["node"], ticket["state"], ticket["fault_class"]) == ("n3", "open", "gpu.xid.79")
@@ -370,7 +370,7 @@ def test_the_daemon_requalifies_a_node_back_from_rma(lab: Lab, tmp_path: Path) -
     c = ("--config", str(conf))
     lab.start_healthd("n3", config=conf)
     lab.inject("n3", 2, ["xid=79"])
-    poll("the ladder's RMA ticket", lambda: bool(as_json("list", *c)), timeout=20)
+    poll("the ladder's RMA ticket", lambda: bool(as_json("list", *c)), timeout=45)  # loaded CI
     [ticket] = as_json("list", *c)
     tid = str(ticket["id"])
     lab.stop_healthd("n3")  # powered off for the technician

@@ -386,6 +386,10 @@ def test_fuzzed_request_lines_get_one_line_never_a_traceback(
                 assert "internal error" not in error and "Traceback" not in error, line
 
         one()
+        # Found by the fuzz: an op that is a large object was echoed whole in the refusal.
+        _, reply = api.reply(json.dumps({"op": {str(i) * 30: None for i in range(20)}}).encode(),
+                             ROOT_PEER)  # fmt: skip
+        assert len(json.loads(reply)["error"]) < 200
         for line in (b"[" * 100_000, b'{"op": "event", "evidence": ' + b"[" * 5000):
             _, reply = api.reply(line, ROOT_PEER)
             assert json.loads(reply)["error"].startswith("bad request: ")
