@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from healthd.checks import reference
 from healthd.xid import CATALOG, XidEntry
 from medic_core.status import Status
 from medic_core.vocabulary import Finding, Recommendation
@@ -75,18 +76,13 @@ def render_xid_actions() -> str:
 
 
 def generated_block(text: str) -> str:
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"the markers {BEGIN!r} ... {END!r} are missing or out of order")
-    return text[start + len(BEGIN) : end].strip("\n") + "\n"
+    return reference.generated_block(text, BEGIN, END)
 
 
 def write_xid_actions(path: Path = DOC_PATH) -> bool:
     """Rewrite the generated block of `path`; True when the file changed."""
     old = path.read_text()
-    generated_block(old)
-    start, end = old.find(BEGIN), old.find(END)
-    new = old[: start + len(BEGIN)] + "\n\n" + render_xid_actions() + "\n" + old[end:]
+    new = reference.splice(old, render_xid_actions(), BEGIN, END)
     if new != old:
         path.write_text(new)
     return new != old

@@ -237,19 +237,20 @@ def render_reference(specs: Sequence[CheckSpec] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def generated_block(text: str) -> str:
-    """What docs/checks.md holds between the markers (ValueError if they are missing)."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"the markers {BEGIN!r} ... {END!r} are missing or out of order")
-    return text[start + len(BEGIN) : end].strip("\n") + "\n"
+def generated_block(text: str, begin: str = BEGIN, end: str = END) -> str:
+    """What a page holds between its markers (docs/checks.md's by default; ValueError if
+    they are missing)."""
+    first, last = text.find(begin), text.find(end)
+    if first < 0 or last < first:
+        raise ValueError(f"the markers {begin!r} ... {end!r} are missing or out of order")
+    return text[first + len(begin) : last].strip("\n") + "\n"
 
 
-def splice(text: str, reference: str) -> str:
-    """`text` with the generated block replaced by `reference`."""
-    generated_block(text)  # the markers must be there
-    start, end = text.find(BEGIN), text.find(END)
-    return text[: start + len(BEGIN)] + "\n\n" + reference.strip("\n") + "\n\n" + text[end:]
+def splice(text: str, reference: str, begin: str = BEGIN, end: str = END) -> str:
+    """`text` with the generated block between `begin` and `end` replaced by `reference`."""
+    generated_block(text, begin, end)  # the markers must be there
+    first, last = text.find(begin), text.find(end)
+    return text[: first + len(begin)] + "\n\n" + reference.strip("\n") + "\n\n" + text[last:]
 
 
 def write_reference(path: Path = DOC_PATH) -> bool:
