@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from cli.lab.cluster import Lab
+from cli.lab.cluster import Lab, slack
 
 
 def poll(what: str, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait for `predicate` with a deadline (tests never sleep a fixed time)."""
+    """Wait for `predicate` with a deadline (tests never sleep a fixed time), stretched by
+    MEDIC_LAB_SLACK (cli.lab.cluster.slack): a deadline is liveness, not speed."""
+    timeout *= slack()
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

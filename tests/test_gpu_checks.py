@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import pytest
 
+from cli.lab.cluster import slack
 from cli.lab.nvml.build import build_library
 from cli.lab.scenario import NodeScenario, default_scenario, inject, write_scenario
 from healthd.checks import get, registry
@@ -49,6 +50,7 @@ DRIVER = "550.127.05"
 
 
 def _poll(what: str, predicate: Any, timeout: float = 5.0) -> None:
+    timeout *= slack()
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

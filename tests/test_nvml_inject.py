@@ -22,6 +22,7 @@ import pynvml
 import pytest
 
 from cli.lab import scenario as sc
+from cli.lab.cluster import slack
 from cli.lab.nvml import build
 from medic_core import proc
 
@@ -66,6 +67,7 @@ def run_probe(env: dict[str, str], *args: str, timeout: float = 30.0) -> dict[st
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    timeout *= slack()
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not met before the deadline"

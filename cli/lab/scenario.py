@@ -785,15 +785,16 @@ def nvrm_xid_line(scenario: NodeScenario, event: XidEvent, timestamp_us: int) ->
 def publish(path: Path, kmsg: Path | None, before: NodeScenario, after: NodeScenario) -> None:
     """Write the node's scenario, and append an NVRM Xid line to its kernel log for every
     XID that is new in `after`: the driver logs every XID, so a daemon that starts after
-    the event (after a reboot, say) still finds it there."""
+    the event (after a reboot, say) still finds it there. The line is written first, as
+    the driver prints it before NVML delivers the event: a daemon woken by the event finds
+    the line that dates it (written after, a loaded machine let the event win)."""
     import time
 
-    write_scenario(path, after)
     seen = max((e.seq for e in before.events), default=0)
     new = [e for e in after.events if e.seq > seen]
-    if kmsg is None or not new or not kmsg.parent.is_dir():
-        return
-    now_us = int(time.monotonic() * 1e6)
-    with kmsg.open("a") as log:
-        for event in new:
-            log.write(nvrm_xid_line(after, event, now_us))
+    if kmsg is not None and new and kmsg.parent.is_dir():
+        now_us = int(time.monotonic() * 1e6)
+        with kmsg.open("a") as log:
+            for event in new:
+                log.write(nvrm_xid_line(after, event, now_us))
+    write_scenario(path, after)
