@@ -275,6 +275,11 @@ class RemediationSettings:
     idle_timeout: float = setting(
         3600.0, minimum=0, doc="seconds to wait for running jobs to leave before acting"
     )
+    gpu_reset_in_service: bool = setting(
+        True,
+        doc="a GPU's reset waits only for the jobs holding that GPU, not for the jobs on the"
+        " node's other GPUs (off where GPUs reset only together: NVSwitch A100 systems)",
+    )
     attempts: dict[str, int] = field(
         default_factory=lambda: {"gpu_reset": 2, "driver_reload": 1, "reboot": 1},
         metadata=bounds(keys=RUNG_NAMES[:3], minimum=0, doc="attempts per rung before the next"),

@@ -78,6 +78,8 @@ def on_gpus(finding: Finding, gpus: Collection[int]) -> bool:
 
 # Job states in which a job still runs on the node (COMPLETING: already on its way out).
 RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING"})
+# ...and those whose processes may still hold its GPUs (a GPU reset waits for them).
+HOLDING_STATES = RUNNING_STATES | {"COMPLETING", "SUSPENDED", "STOPPED"}
 LEDGER_TAG = "medic-ledger:"
 LEDGER_KEYS_KEPT = 8
 
@@ -147,6 +149,34 @@ def jobs_hit(
     if node_wide and component.kind is not ComponentKind.JOB:
         return tuple(jobs)
     return tuple(j for j in jobs if j.holds(component))
+
+
+def decide_reset_beside_jobs(
+    gpu: int | None,
+    jobs: Sequence[JobFacts] | None,
+    *,
+    enabled: bool,
+    whole_node_checks: Sequence[str] = (),
+) -> str:
+    """Why a GPU's reset on a drained node with jobs still running must wait for all of
+    them to end ("" when it may go now, beside them). NVIDIA resets one GPU while the
+    others run work; a job on the node's other GPUs is not touched by it, so only the jobs
+    holding that GPU (Slurm's allocation; a job whose GPUs are unknown holds them all) hold
+    the reset up. `whole_node_checks`: what re-qualification after it runs (a deep tier, a
+    burn-in) when that is more than the GPU's own checks: it needs the whole node."""
+    if not enabled:
+        return "gpu_reset_in_service is off"
+    if gpu is None:
+        return "not a single GPU's fault"
+    if whole_node_checks:
+        return f"re-qualification runs {', '.join(whole_node_checks)} on the whole node"
+    if jobs is None:
+        return "the jobs' GPUs are not known (Slurm did not answer)"
+    present = [j for j in jobs if j.state in HOLDING_STATES]
+    holders = jobs_hit(Component(ComponentKind.GPU, str(gpu)), present, node_wide=False)
+    if holders:
+        return f"GPU {gpu} is held by job {', '.join(j.job_id for j in holders)}"
+    return ""
 
 
 @dataclass(frozen=True)

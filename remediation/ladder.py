@@ -40,6 +40,7 @@ from medic_core.slurm import NodeInfo, SlurmClient, SlurmError
 from medic_core.status import Status
 from medic_core.vocabulary import Finding, component_of
 from remediation import episodes as ep
+from remediation.actions import job_facts
 from remediation.decide import (
     EpisodeMove,
     FaultDecision,
@@ -49,6 +50,7 @@ from remediation.decide import (
     Rails,
     cap_reason,
     decide_fault,
+    decide_reset_beside_jobs,
     primary,
 )
 from remediation.isolation import APPLIED, INTENT, RESTORED, RESTORING, gres_count, recorded
@@ -73,6 +75,10 @@ REBOOT_REFUSALS = 3
 REBOOT_REFUSED_RETRY = 60.0
 REFUSED = "slurm refused: "
 LONG_WAIT = "waited over"
+# A GPU reset beside running jobs (_reset_beside_jobs) asks Slurm for the GPU's holders every
+# tick for BESIDE_EAGER seconds after the episode last moved, then every BESIDE_EVERY seconds.
+BESIDE_EAGER = 60.0
+BESIDE_EVERY = 30.0
 
 
 class LadderHost(Protocol):
@@ -154,6 +160,8 @@ class Ladder:
         self.settings = settings
         self._last_requalify = -REQUALIFY_RETRY
         self._not_isolated: set[int] = set()  # episodes isolation was decided against
+        self._told_beside: set[int] = set()  # episodes whose wait for every job was logged
+        self._beside_asked: dict[int, dt.datetime] = {}  # episode: when Slurm was last asked
         # Medic's drain records (medic_core.drain_book): every drain the ladder makes is
         # written there first, and it gives back only a drain they hold. The daemon sets
         # one with the node's journal too (kept when the store is down).
@@ -444,12 +452,16 @@ class Ladder:
             alone = False
         if episode.state == ep.WAITING_IDLE:
             # With the GPU isolated, the other GPUs' jobs do not hold its reset up (the
-            # reset waits only for the GPU itself: _act's gpu_busy).
+            # reset waits only for the GPU itself: _act's gpu_busy); nor, drained, do they
+            # hold up a reset beside them (_reset_beside_jobs).
+            beside = False
             if not alone and self.host.jobs_running():
-                return self._note_a_long_wait(episode)
+                if not self._reset_beside_jobs(episode):
+                    return self._note_a_long_wait(episode)
+                beside = True
             if self._cooling_down(episode):
                 return episode
-            if record is None and episode.rung == int(Rung.GPU_RESET):
+            if record is None and episode.rung == int(Rung.GPU_RESET) and not beside:
                 isolated = self._isolate(episode)
                 if isolated is not None:
                     return isolated  # the reset on the next tick, the node back in service
@@ -532,6 +544,37 @@ class Ladder:
             target=episode.target,
         )
         return self.store.update(episode.id, message=f"{episode.message}; {note}")
+
+    def _reset_beside_jobs(self, episode: ep.Episode) -> bool:
+        """The episode's GPU reset may go now while jobs run on the node's other GPUs
+        (remediation.decide.decide_reset_beside_jobs). The node is drained, so no new job
+        can be given the GPU between this look at Slurm's allocation and the reset."""
+        if episode.rung != int(Rung.GPU_RESET):
+            return False
+        # Slurm is asked every tick for the first BESIDE_EAGER seconds (a requeued job leaves
+        # its GPU within seconds), then once per BESIDE_EVERY: a job holding the GPU for
+        # hours must not cost slurmctld a query every tick from every waiting node.
+        now = self.store.now()
+        age = (now - episode.updated_at).total_seconds()
+        last = self._beside_asked.get(episode.id)
+        if age > BESIDE_EAGER and last is not None and (now - last).total_seconds() < BESIDE_EVERY:
+            return False
+        self._beside_asked[episode.id] = now
+        try:
+            jobs: list[JobFacts] | None = job_facts(self.slurm, self.node)
+        except SlurmError:
+            jobs = None
+        _, burn_in = self._burn_in_checks(episode)
+        why = decide_reset_beside_jobs(
+            int(episode.target) if episode.target.isascii() and episode.target.isdigit() else None,
+            jobs,
+            enabled=self.settings.gpu_reset_in_service,
+            whole_node_checks=(*self.settings.requalify_checks, *burn_in),
+        )
+        if why and episode.id not in self._told_beside:
+            self._told_beside.add(episode.id)
+            log.info("%s: episode %s: the GPU reset waits: %s", self.node, episode.id, why)
+        return not why
 
     def _cooling_down(self, episode: ep.Episode) -> bool:
         """A failed step is followed by its rung's cool-down before the next one."""
@@ -707,7 +750,17 @@ class Ladder:
     def _verify(self, episode: ep.Episode) -> ep.Episode:
         reason, burn_in = self._burn_in_checks(episode)
         findings = self.host.verify((*self.settings.requalify_checks, *burn_in))
-        blocking = [f for f in findings if f.status in (Status.CRITICAL, Status.UNKNOWN)]
+        # The episode's own fault still there fails it at any level: a row remap still
+        # pending after the reset (a WARN) was not repaired by it.
+        blocking = [
+            f
+            for f in findings
+            if f.status in (Status.CRITICAL, Status.UNKNOWN)
+            or (
+                f.status is Status.WARN
+                and (f.fault_class, f.target) == (episode.fault_class, episode.target)
+            )
+        ]
         if not blocking:
             self._burnt_in(reason, burn_in)
             return self._resolve(episode)

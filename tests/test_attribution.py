@@ -31,6 +31,7 @@ from remediation.decide import (
     Ledger,
     NodeFacts,
     decide_fault,
+    decide_reset_beside_jobs,
     jobs_hit,
 )
 from remediation.policy import Rung, first_rung
@@ -414,3 +415,40 @@ def test_an_xid_94_answered_with_its_pending_remap_still_restarts_the_applicatio
     d = decide_fault([XID94, remap], FaultFacts("n1", NodeFacts(), TWO_USERS))
     assert d.drain and d.recommendation is Recommendation.GPU_RESET_WHEN_IDLE
     assert d.requeued == ("A",) and "(gpu.xid.94)" in d.jobs[0].note
+
+
+# --- a GPU's reset beside the jobs on the node's other GPUs --------------------------------------
+
+JOB_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "PENDING", "COMPLETED")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    gpu=st.integers(0, 7),
+    jobs=st.lists(
+        st.tuples(
+            st.sampled_from(JOB_STATES),
+            st.none() | st.frozensets(st.integers(0, 7), min_size=1, max_size=8),
+        ),
+        max_size=5,
+    ),
+)
+def test_a_gpu_reset_goes_beside_jobs_only_when_none_may_hold_that_gpu(
+    gpu: int, jobs: list[tuple[str, frozenset[int] | None]]
+) -> None:
+    facts = [
+        JobFacts(str(i), state, None, True, False, gpus=gpus)
+        for i, (state, gpus) in enumerate(jobs)
+    ]
+    # A job whose processes may still be on the GPU: running, ending, or stopped on it.
+    may_hold = any(
+        state not in ("PENDING", "COMPLETED") and (gpus is None or gpu in gpus)
+        for state, gpus in jobs
+    )
+    why = decide_reset_beside_jobs(gpu, facts, enabled=True)
+    assert (why == "") == (not may_hold), why
+    # Off, not a GPU's fault, Slurm unread, or a whole-node re-qualification: always waits.
+    assert decide_reset_beside_jobs(gpu, facts, enabled=False)
+    assert decide_reset_beside_jobs(None, facts, enabled=True)
+    assert decide_reset_beside_jobs(gpu, None, enabled=True)
+    assert decide_reset_beside_jobs(gpu, facts, enabled=True, whole_node_checks=("deep_dcgm",))

@@ -77,15 +77,24 @@ def test_a_gpu_fault_requeues_only_the_job_holding_that_gpu(
     assert ep.EpisodeStore(store).find(node="n1") == []
     poll("the second job runs again", lambda: runs(second_runs) == 2, timeout=60)
 
-    # XID 94 (a contained memory error: RESTART_APP) on a GPU of the first job: only the
-    # first restarts; the second runs on, the node stays in service.
-    low = gpus_of(lab, first, "n1")
-    lab.inject("n1", min(low), ["xid=94"])
+    # XID 94 (a contained memory error: RESTART_APP) on the first job's second GPU, with
+    # the row remap it leaves pending: only the first job restarts; the GPU is reset (the
+    # remap applied) while the second job runs on, and the node is given back.
+    gpu = sorted(gpus_of(lab, first, "n1"))[1]
+    lab.inject("n1", gpu, ["xid=94", "remap.uncorrectable=1", "remap.pending=1"])
     poll("the first job requeued", lambda: "requeued" in job_actions(store, "n1", first),
          timeout=20)  # fmt: skip
     assert "requeued off n1 (gpu.xid.94)" in admin_comment(lab, first)
     assert state(lab, second) == "RUNNING" and runs(second_runs) == 2
-    assert in_service(lab, "n1")
+    episode = wait_closed(store, "n1", timeout=60)
+    assert (episode.state, episode.fault_class, episode.target) == (
+        ep.RESOLVED, "gpu.remap.pending", str(gpu),
+    )  # fmt: skip
+    steps = ep.EpisodeStore(store).steps(episode.id)
+    assert [(s.action, s.state) for s in steps] == [("gpu_reset", "done")]
+    assert steps[0].argv[-1] == str(gpu) or str(gpu) in " ".join(steps[0].argv)
+    assert state(lab, second) == "RUNNING" and runs(second_runs) == 2  # never stopped
+    poll("n1 back in service", lambda: in_service(lab, "n1"), timeout=20)
     poll("the first job runs again", lambda: runs(first_runs) == 2, timeout=60)
 
     # XID 79 (fallen off the bus: NVIDIA's RESTART_BM) takes the node: both jobs requeued.

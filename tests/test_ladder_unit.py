@@ -180,6 +180,7 @@ class Job:
     comment: str = ""
     admin_comment: str = ""
     state: str = "RUNNING"
+    gpus: frozenset[int] | None = None  # Slurm's GRES index on its node; None: not shown
 
 
 class FakeSlurm:
@@ -242,6 +243,7 @@ class FakeSlurm:
                 restart_count=0,
                 comment=j.comment,
                 admin_comment=j.admin_comment,
+                gpus_by_node={} if j.gpus is None else {node: j.gpus},
             )
             for j in self.jobs_.values()
             if j.node == node and j.state == "RUNNING"
@@ -307,8 +309,10 @@ class FakeSlurm:
         n = self.by_name[node]
         n.drain, n.reason, n.reason_time, n.state = False, "", 0, "IDLE"
 
-    def start_job(self, job_id: str, node: str, comment: str = "") -> Job:
-        self.jobs_[job_id] = job = Job(job_id, node, comment)
+    def start_job(
+        self, job_id: str, node: str, comment: str = "", gpus: frozenset[int] | None = None
+    ) -> Job:
+        self.jobs_[job_id] = job = Job(job_id, node, comment, gpus=gpus)
         self.by_name[node].state = "ALLOCATED"
         return job
 
@@ -1487,3 +1491,88 @@ def test_a_failing_rails_onlooker_does_not_stop_the_tick(world: World) -> None:
     world.daemon("n2").on_rails = broken
     episode = world.tick("n2")
     assert episode is not None and episode.id == admission.episode.id  # type: ignore[union-attr]
+
+
+# --- a GPU's reset beside the jobs on the node's other GPUs --------------------------------------
+
+REMAP_PENDING = Finding(
+    "gpu_remapped_rows", Status.WARN, "gpu.remap.pending", "1", "row remap pending",
+    Recommendation.GPU_RESET_WHEN_IDLE,
+)  # fmt: skip
+
+
+def test_a_gpu_reset_goes_beside_a_job_on_the_other_gpus_and_the_node_comes_back(
+    world: World,
+) -> None:
+    """Issue 22: XID 94 left a row remap pending on GPU 1; the job on GPUs 4-7 runs on: the
+    node is drained (nothing new lands on GPU 1), GPU 1 is reset beside the job, verified,
+    and the node given back with the job still running."""
+    world.slurm.start_job("20", "n1", gpus=frozenset({4, 5, 6, 7}))
+    world.fault("n1", REMAP_PENDING)
+    assert not in_service(world, "n1") and world.slurm.jobs_["20"].state == "RUNNING"
+    world.tick("n1")
+    assert [a for a, _ in world.nodes["n1"].commands] == [("fake-gpu-reset", "n1", "1")]
+    episode = world.run("n1")
+    assert episode.state == ep.RESOLVED and in_service(world, "n1")
+    assert world.slurm.jobs_["20"].state == "RUNNING" and world.slurm.called("requeue") == []
+
+
+@pytest.mark.parametrize(
+    ("gpus", "why"),
+    [
+        (frozenset({0, 1, 2, 3}), "the job holds GPU 1"),
+        (None, "Slurm does not show the job's GPUs: it may hold GPU 1"),
+    ],
+)
+def test_a_gpu_reset_waits_for_the_job_holding_that_gpu(
+    world: World, gpus: frozenset[int] | None, why: str
+) -> None:
+    world.slurm.start_job("21", "n1", gpus=gpus)
+    world.fault("n1", REMAP_PENDING)
+    for _ in range(3):
+        world.tick("n1")
+        world.clock.advance(TICK)
+    assert world.nodes["n1"].commands == [], why
+    assert world.last("n1").state == ep.WAITING_IDLE
+    world.slurm.end_job("21")
+    episode = world.run("n1")
+    assert episode.state == ep.RESOLVED and len(world.nodes["n1"].commands) == 1
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"gpu_reset_in_service": False}, {"requalify_checks": ("deep_dcgm",)}],
+    ids=["off", "a-deep-requalification"],
+)
+def test_a_gpu_reset_waits_for_every_job_when_it_may_not_go_beside_them(
+    world: World, setting: dict[str, Any]
+) -> None:
+    world.configure(**setting)
+    world.slurm.start_job("22", "n1", gpus=frozenset({4, 5, 6, 7}))
+    world.fault("n1", REMAP_PENDING)
+    for _ in range(3):
+        world.tick("n1")
+        world.clock.advance(TICK)
+    assert world.nodes["n1"].commands == []
+    world.slurm.end_job("22")
+    assert world.run("n1").state == ep.RESOLVED
+
+
+def test_a_reset_that_does_not_cure_the_gpu_goes_on_to_a_rung_that_waits_for_every_job(
+    world: World,
+) -> None:
+    world.slurm.start_job("23", "n1", gpus=frozenset({4, 5, 6, 7}))
+    world.nodes["n1"].hardware_fault = True
+    world.fault("n1", REMAP_PENDING)
+    for _ in range(10):
+        world.tick("n1")
+        world.clock.advance(TICK)
+        if world.last("n1").rung != int(Rung.GPU_RESET):
+            break
+    resets = len(world.nodes["n1"].commands)
+    assert resets >= 1 and world.last("n1").rung == int(Rung.DRIVER_RELOAD)
+    for _ in range(3):
+        world.tick("n1")
+        world.clock.advance(TICK)
+    assert len(world.nodes["n1"].commands) == resets, "a driver reload under a running job"
+    assert world.slurm.jobs_["23"].state == "RUNNING"
