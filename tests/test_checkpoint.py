@@ -28,6 +28,7 @@ from slurm_hooks.checkpoint import (
     step_name,
 )
 from tests.conftest import poll
+from tests.installed import installed_medic
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -395,7 +396,8 @@ def test_a_move_that_loses_the_race_for_its_step_puts_every_file_back(
     os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv"
 )
 def test_commit_into_a_directory_the_job_cannot_write_is_one_line() -> None:
-    """As an unprivileged user (root writes anywhere): PermissionError was a traceback."""
+    """As an unprivileged user (root writes anywhere): PermissionError was a traceback.
+    The user runs the installed wheel's `medic` (tests/installed.py), as on a node."""
     import shutil
     import tempfile
 
@@ -409,12 +411,12 @@ def test_commit_into_a_directory_the_job_cannot_write_is_one_line() -> None:
         root = work / "root-only"
         root.mkdir(mode=0o755)
         argv = [
-            "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
-            "-c", "import sys; from cli.main import main; sys.argv[0] = 'medic'; main()",
+            "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+            str(installed_medic().command("medic")),
             "ckpt", "commit", str(src), "--step", "1", "--dir", str(root),
         ]  # fmt: skip
         for move in ([], ["--move"]):
-            done = proc.run([*argv, *move], timeout=60, cwd=REPO, env={"PATH": "/usr/bin:/bin"})
+            done = proc.run([*argv, *move], timeout=60, cwd=work, env={"PATH": "/usr/bin:/bin"})
             assert done.returncode == 1, done.stderr
             assert done.stderr.strip() == (
                 f"Error: {root}: cannot create a checkpoint there (Permission denied); point "

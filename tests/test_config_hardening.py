@@ -20,6 +20,7 @@ from medic_core.config import ConfigError, load_config
 from medic_core.settings import load_settings
 from medic_core.store import store_settings
 from medic_core.store.engine import parse_url
+from tests.installed import installed_medic
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -168,7 +169,8 @@ def test_a_config_that_is_a_directory_or_not_utf8_is_one_line(tmp_path: Path) ->
     os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
 )
 def test_an_unreadable_config_is_one_line(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Read as an unprivileged user (root reads any file): PermissionError was a traceback."""
+    """Read as an unprivileged user (root reads any file): PermissionError was a traceback.
+    The user runs the installed wheel (tests/installed.py), as on a node."""
     import tempfile
 
     work = Path(tempfile.mkdtemp(prefix="medic-unreadable-"))
@@ -182,10 +184,10 @@ def test_an_unreadable_config_is_one_line(tmp_path_factory: pytest.TempPathFacto
             f"try:\n    load_config(__import__('pathlib').Path({str(secret)!r}))\n"
             "except ConfigError as exc:\n    print(exc)\n    sys.exit(2)\n"
         )
-        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[1])}
+        env = {"PATH": "/usr/bin:/bin"}
         done = proc.run(
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-             sys.executable, "-c", code],
+             str(installed_medic().python), "-I", "-c", code],
             env=env, timeout=60, cwd=work,
         )  # fmt: skip
         assert done.returncode == 2, done.stderr

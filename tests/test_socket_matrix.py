@@ -18,7 +18,6 @@ import os
 import pwd
 import shutil
 import socket
-import sys
 import textwrap
 import threading
 import uuid
@@ -38,6 +37,7 @@ from medic_core import proc
 from medic_core.config import load_config
 from medic_core.store import Store, open_configured_store
 from tests.conftest import poll
+from tests.installed import installed_medic
 from tests.test_checks_runner import make_spec
 from tests.test_daemon import plain_config
 
@@ -157,8 +157,8 @@ def served() -> Iterator[Served]:
 def as_peer(path: Path, requests: list[dict[str, Any]], *ids: str) -> list[dict[str, Any]]:
     """`requests` sent by `nobody` with the setpriv options `ids` (its group(s))."""
     done = proc.run(
-        ["setpriv", f"--reuid={NOBODY.pw_uid}", *ids, "--", sys.executable, "-I", "-c", CLIENT,
-         str(path), json.dumps(requests)],
+        ["setpriv", f"--reuid={NOBODY.pw_uid}", *ids, "--", str(installed_medic().python), "-I",
+         "-c", CLIENT, str(path), json.dumps(requests)],
         timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

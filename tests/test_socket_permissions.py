@@ -4,7 +4,8 @@ every op; a member of `socket_group` (SlurmdUser's group) only what the hooks se
 `check` (any check by name, the deep tier's hour of burn-in included) is refused to it.
 
 The real medic-healthd, with its socket given to `nogroup`; the peer is `nobody` (whose
-group that is) through setpriv, running the project's own client (medic_core.api.ask)."""
+group that is) through setpriv, running the project's own client (medic_core.api.ask) from
+the installed wheel, as a node has it (tests/installed.py: the checkout may be unreadable)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import json
 import os
 import pwd
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,9 @@ import pytest
 from healthd.socket_api import ROOT_ONLY_OPS, SOCKET_OPS
 from medic_core import proc
 from medic_core.api import ask
+from tests.installed import installed_medic
 from tests.test_daemon import plain_config, start_daemon, stop_daemon
 
-REPO = Path(__file__).resolve().parent.parent
 ASK = """
 import json, sys
 from medic_core.api import HealthdUnavailable, ask
@@ -67,8 +67,8 @@ def as_nobody(socket_path: Path, request: dict[str, Any]) -> dict[str, Any]:
     nobody = pwd.getpwnam("nobody")
     done = proc.run(
         ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
-         "--", sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-         + ASK, str(socket_path), json.dumps(request)],
+         "--", str(installed_medic().python), "-I", "-c", ASK, str(socket_path),
+         json.dumps(request)],
         timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +14,8 @@ import pytest
 
 from medic_core import proc
 from medic_core.store import open_store
+from tests.installed import installed_medic
 
-REPO = Path(__file__).resolve().parent.parent
 OPEN = """
 import sys
 from medic_core.store import StoreError, open_store
@@ -45,11 +44,11 @@ def state_dir() -> Iterator[Path]:
 
 
 def as_nobody(url: str) -> proc.CommandResult:
+    """medic_core.store opened by `nobody`, from the installed wheel (tests/installed.py)."""
     nobody = pwd.getpwnam("nobody")
     return proc.run(
         ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
-         "--", sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-         + OPEN, url],
+         "--", str(installed_medic().python), "-I", "-c", OPEN, url],
         timeout=60,
     )  # fmt: skip
 

@@ -3,7 +3,9 @@ each attack runs as a real non-root account (`medic-mallory`, created here if ab
 setpriv, against a lab whose directories are traversable by everyone as a production
 node's are (/etc/slurm, /run, /var/lib; the lab lives outside pytest's root-only temporary
 directory for that). Every test asserts the attack fails and that Medic keeps working
-afterwards: a fault is still drained and a resilient job still requeued.
+afterwards: a fault is still drained and a resilient job still requeued. What the intruder
+runs (Python, `medic`) comes from the installed wheel (tests/installed.py), as on a node:
+the checkout and its .venv may be where no other user can read them.
 
 What a user can reach, and what these tests show of it:
 
@@ -60,10 +62,11 @@ from medic_core.api import ask
 from medic_core.store import Store, open_store
 from remediation import tickets
 from tests.conftest import poll
+from tests.installed import installed_medic
 from tests.lab_views import drained_by_medic, job, node_info
 
 USER = "medic-mallory"
-VENV_BIN = Path(sys.executable).parent
+VENV_BIN = Path(sys.executable).parent  # root's medic: the checkout's
 # The ladder off (the drain and the requeue are what must go on), and a drain cap of 2 of the
 # 5 nodes, so one test may see Medic drain two.
 REMEDIATION = "enabled = false\nmax_drained_share = 0.4"
@@ -146,8 +149,8 @@ def python_as_user(
     intruder: Intruder, lab: Lab, home: Path, script: str, *args: str, timeout: float = 30
 ) -> Any:
     """Run `script` as the intruder; it prints one JSON document, returned."""
-    done = as_user(intruder, lab, home, sys.executable, "-I", "-c", script, *args,
-                   timeout=timeout)  # fmt: skip
+    done = as_user(intruder, lab, home, str(installed_medic().python), "-I", "-c", script,
+                   *args, timeout=timeout)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -353,8 +356,8 @@ def test_a_users_connection_flood_stops_neither_answers_nor_checks(
     sock = lab.node("n1").socket
     out = home / "flood.out"
     stop = home / "stop"
-    argv = intruder.argv(sys.executable, "-I", "-c", FLOOD, str(port), str(sock), str(stop),
-                         "300", "120")  # fmt: skip
+    argv = intruder.argv(str(installed_medic().python), "-I", "-c", FLOOD, str(port),
+                         str(sock), str(stop), "300", "120")  # fmt: skip
     flood = proc.spawn(argv, log_path=out, env=user_env(lab, home), cwd=home)
     try:
         poll("the flood in place", lambda: out.exists() and "{" in out.read_text(), timeout=30)
@@ -385,16 +388,14 @@ def test_a_user_can_neither_resume_medics_drain_nor_set_a_medic_reason(
     poll("n1 drained by Medic", lambda: drained_by_medic(lab, "n1"), timeout=15)
     reason = node_info(lab, "n1")["reason"]
     users_conf = str(lab.layout.medic_conf)  # world-readable, as /etc/medic/medic.toml
+    medic = str(installed_medic().command("medic"))
     attempts = [
         ["scontrol", "update", "nodename=n1", "state=resume"],
         ["scontrol", "update", "nodename=n2", "state=drain", 'reason="medic: gpu.xid.79 fake"'],
         ["scontrol", "update", "nodename=n1", "reason=medic: gpu.ok"],
-        [str(VENV_BIN / "medic"), "node", "resume", "n1", "--reason", "mine", "--config",
-         users_conf],
-        [str(VENV_BIN / "medic"), "node", "drain", "n2", "--reason", "admin: mine", "--config",
-         users_conf],
-        [str(VENV_BIN / "medic"), "node", "drain", "n2", "--reason", '"medic: fake"',
-         "--config", users_conf],
+        [medic, "node", "resume", "n1", "--reason", "mine", "--config", users_conf],
+        [medic, "node", "drain", "n2", "--reason", "admin: mine", "--config", users_conf],
+        [medic, "node", "drain", "n2", "--reason", '"medic: fake"', "--config", users_conf],
     ]  # fmt: skip
     for argv in attempts:
         done = as_user(intruder, lab, home, *argv)
@@ -470,7 +471,7 @@ def test_the_store_the_journal_the_socket_and_rma_tickets_are_closed_to_a_user(
     users_conf = str(lab.layout.medic_conf)  # world-readable, as /etc/medic/medic.toml
     assert stat.S_IMODE(lab.layout.medic_conf.stat().st_mode) & 0o004
     for args in (["rma", "list"], ["rma", "show", str(ticket.id)], ["jobs"], ["events"]):
-        shown = as_user(intruder, lab, home, str(VENV_BIN / "medic"), *args,
+        shown = as_user(intruder, lab, home, str(installed_medic().command("medic")), *args,
                         "--config", users_conf, timeout=60)  # fmt: skip
         assert shown.returncode not in (0, None), f"{args}: {quiet(shown)}"
         assert SECRET not in quiet(shown), f"{args}: {quiet(shown)}"
