@@ -631,6 +631,7 @@ class HealthDaemon:
         self.ladder = ladder
         self.on_fault = ladder.respond
         ladder.ladder.on_rails = self.gate.observe_rails
+        self.gate.before_launch = ladder.guard_launch
 
     def serve(self, socket_path: Path) -> socketserver.UnixStreamServer:
         """The local socket, answering from this daemon, its launch gate and its ladder."""

@@ -269,6 +269,12 @@ class LadderThread:
         else:
             log.info("job %s: no spare handed: %s", job_id, handed.why)
 
+    def guard_launch(self, job_id: str) -> None:
+        """A job about to start on this node (the launch gate, in its prolog): a handed
+        spare refuses it now unless it is the run it was handed to (SparePool.guard_launch)."""
+        if self.spares is not None and self._spare_watch:
+            self.spares().guard_launch(job_id)
+
     def fill_pool(self) -> None:
         """This node, listed in [remediation.spares] nodes and idle in service, joins a
         short pool after the deep tier; looked at every FILL_SECONDS."""

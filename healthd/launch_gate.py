@@ -11,7 +11,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from healthd.checks.base import Result, Status, Tier, worst
@@ -89,6 +89,9 @@ class LaunchGate:
         self._recorder_lock = threading.Lock()
         # (monotonic, open RMA tickets, the drain cap's hold, the GPUs isolation took out)
         self._rails_seen: tuple[float, list[int], str, tuple[int, ...]] | None = None
+        # Called with the job's id before its verdict (the ladder thread's `guard_launch`:
+        # a handed spare refuses another job before its script runs); never raises here.
+        self.before_launch: Callable[[str], None] | None = None
 
     @property
     def recorder(self) -> EventRecorder:
@@ -110,6 +113,11 @@ class LaunchGate:
         gate decision instead: the verdict's status, allow, why, and with a refusal what
         blocks (and the results that are not OK). The decision is recorded for the job
         after the reply, not before (gate_recorder)."""
+        if job_id is not None and self.before_launch is not None:
+            try:
+                self.before_launch(job_id)
+            except Exception:  # the spare's loop tends it again; the job's launch goes on
+                log.exception("job %s: the check before its launch failed", job_id)
         verdict = self._verdict(budget, fresh_only=fresh_only)
         if "status" not in verdict:  # "stale: ask again"
             return verdict

@@ -37,6 +37,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -161,6 +162,9 @@ class OpenHandOver:
 
 # node -> when (time.monotonic) its daemon looks at the store for open hand-overs next
 _next_look: dict[str, float] = {}
+# One tend at a time in a daemon: the ladder thread's loop and the launch gate's (a job about
+# to start on a handed spare: `guard_launch`) would otherwise requeue the same job twice.
+_tend_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -305,6 +309,23 @@ class SparePool:
         Never raises SlurmError: the next loop tries again. No pool, or a node not listed
         in `nodes` (when some are): nothing to tend, the store is not read (PURGE_COMP
         still deletes a reservation no job is in)."""
+        with _tend_lock:
+            return self._tend()
+
+    def guard_launch(self, job_id: str) -> list[SpareTending]:
+        """A job's prolog on this node, which may be handed: tend now, before the job's
+        script runs, so another job in the spare's reservation is requeued during its prolog
+        (with PrologFlags=Alloc, Slurm starts a batch script only after the prolog, and
+        never that of a job requeued meanwhile) instead of running until the next loop."""
+        if not self.watching():
+            return []
+        with _tend_lock:
+            done = self._tend()
+        if any(job_id in d.requeue for d in done):
+            log.warning("%s: job %s refused in its prolog: the spare is handed", self.node, job_id)
+        return done
+
+    def _tend(self) -> list[SpareTending]:
         listed = not self.settings.nodes or self.node in self.settings.nodes
         if self.settings.size <= 0 or not listed:
             _next_look.pop(self.node, None)

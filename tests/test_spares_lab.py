@@ -3,7 +3,8 @@ jobs, n5 the pool's spare (it joined after the deep tier through its own medic-h
 resilient job of a user without privileges (`medic-mallory`) on n1, and another job
 waiting for any node. XID 95 on n1: the job runs again on n5 (its own reservation: the
 waiting job does not get it); the same user's second job naming that reservation is
-refused (requeued off the spare, or refused by Slurm once the reservation is gone); once
+refused (requeued off the spare in its prolog, before its script runs, or refused by Slurm
+once the reservation is gone); once
 the bound job runs, the reservation is gone and the spare is held by the run's allocation
 only, so it serves the queue again when the run ends. Once the ladder has reset n1's GPU and
 n1 passed the deep tier, n1 refills the pool instead of returning to general service.
@@ -108,6 +109,8 @@ def test_a_spare_admits_only_the_run_it_was_handed_to_and_serves_the_queue_after
         refused = spare_events(store, "refused_job")
         assert [r["refused"] for r in refused] == [other_id]
         assert refused[0]["job_id"] == job_id and refused[0]["actor"] == "daemon"
+        # Refused in its prolog (the spare's launch gate tends first): its script never ran.
+        assert not list(home.glob("other-*")), "the other job ran on the spare"
     # Now the reservation is gone, nothing names the spare: Slurm refuses the same request.
     again = sbatch_as(intruder, lab, home, f"--reservation={name}", "--exclusive", "-N1",
                       "--wrap", "sleep 600")  # fmt: skip
