@@ -2,14 +2,25 @@
 on the synthetic fleet of bench/cli_nodes.py (10,000 nodes x 8 GPUs, 90 days) with the RMA
 history of bench/cli_rma.py (3,000 tickets).
 
-Timed, round-robin (one run of each in turn, so that all meet the same machine):
+Timed in rounds, one run of each command per round, in an order shuffled afresh each round
+(seeded), so that all meet the same machine and no command always follows the same one:
 
 * help: `medic --help`
 * complete: the completion of a command name (what bash runs at `medic no<Tab>`)
-* nodes: `medic nodes --no-slurm --store URL` (Slurm is not asked: no Slurm knows the
-  fleet's 10,000 nodes; with Slurm add its `scontrol show nodes --json`)
+* report_help: `medic report --help`
+* what_if: `medic report what-if --nodes 512 --failure-rate 0.0005 --mttr 40m --mttr 4h
+  --days 30` (arithmetic only: no store)
+* config_check: `medic config check` on a valid medic.toml (the operator guide's example)
+* ckpt_help: `medic ckpt --help`
+* nodes: `medic nodes --no-slurm --store URL` (Slurm is not asked)
 * nodes_json: the same with --json
 * rma_list: `medic rma list --store URL`
+* nodes_slurm (with --lab): `medic nodes --store URL` as a user runs it, Slurm asked: a
+  5-node lab's `scontrol show nodes --json` beside the fleet's 10,000 nodes in the store
+
+With --no-store only the commands that read no store run (no fleet is built).
+Each command's "vs_help" is the median of its ratios to `medic --help` of the same round:
+robust to the machine's load, which moves both alike.
 
 Before timing, the conditions' `updated_at` is moved into the last 5 minutes, as a live
 fleet's daemons keep it (else every node reads as silent and is listed).
@@ -17,9 +28,10 @@ fleet's daemons keep it (else every node reads as silent and is listed).
 With --baseline, a second medic's commands join the round-robin, and each command's
 ratio (first / baseline) is the median of the ratios of its pairs of runs.
 
-Per command: the wall time's median with a 95 % bootstrap interval, p90, min and max, and
-the median CPU (user + system of the process, from the kernel's accounting); the machine's
-1-minute load average before and after.
+Per command: the wall time's median with a 95 % bootstrap interval, p90 (with >= 20 runs),
+min and max, and the median CPU (user + system of the process, from the kernel's
+accounting); the machine's 1-minute load average before and after, its CPUs, the date and
+the commit measured (and whether the tree had uncommitted changes).
 
 With --baseline-store, the baseline's commands read another store (the same fleet at the
 schema the baseline knows: `medic nodes` of this Medic adds an index, schema version 6).
@@ -31,6 +43,8 @@ Prints one JSON object. Run (builds the fleet first, ~1-4 min):
   .venv/bin/python -m bench.cli_startup --store sqlite:////tmp/fleet.db [--medic PATH]
       [--baseline OLD_MEDIC --baseline-store sqlite:////tmp/fleet-v5.db]
   .venv/bin/python -m bench.cli_startup --pg [--baseline OLD_MEDIC]
+  .venv/bin/python -m bench.cli_startup --no-store [--runs 20] [--baseline OLD_MEDIC]
+  .venv/bin/python -m bench.cli_startup --store sqlite:////tmp/fleet.db --lab
 """
 
 from __future__ import annotations
@@ -45,6 +59,7 @@ import resource
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,17 +68,72 @@ from typing import Any
 from medic_core import proc
 
 BOOTSTRAP = 1000
+P90_MIN_RUNS = 20
+
+# The operator guide's /etc/medic/medic.toml, its paths in a scratch directory.
+CONFIG = """\
+[node]
+host_root = "/"
+state_dir = "{state}"
+socket = "{state}/healthd.sock"
+
+[store]
+url = "sqlite:///{state}/medic.db"
+event_retention_days = 90
+
+[healthd]
+gpus = "auto"
+jitter = 0.1
+launch_max_age = 60.0
+nvml_call_timeout = 3.0
+metrics_port = 9847
+metrics_address = "127.0.0.1"
+socket_group = "slurm"
+slurmd_spool_dir = "/var/spool/slurmd"
+prune_every = 3600.0
+
+[checks.gpu_count]
+expected_count = 8
+
+[checks.ib]
+expected_ports = 8
+min_rate_gbps = 400
+
+[checks.filesystems]
+required_mounts = ["/", "/home", "/lustre"]
+"""
+
+Commands = dict[str, tuple[list[str], dict[str, str]]]
 
 
-def commands(medic: str, store: str) -> dict[str, tuple[list[str], dict[str, str]]]:
+def storeless_commands(medic: str, config: Path) -> Commands:
+    """What reads no store: help, completion, `report what-if`, `config check`, `ckpt`."""
     complete = {"_MEDIC_COMPLETE": "bash_complete", "COMP_WORDS": "medic no", "COMP_CWORD": "1"}
+    what_if = ["report", "what-if", "--nodes", "512", "--failure-rate", "0.0005"]
+    what_if += ["--mttr", "40m", "--mttr", "4h", "--days", "30"]
     return {
         "help": ([medic, "--help"], {}),
         "complete": ([medic], complete),
-        "nodes": ([medic, "nodes", "--no-slurm", "--store", store], {}),
-        "nodes_json": ([medic, "nodes", "--no-slurm", "--json", "--store", store], {}),
-        "rma_list": ([medic, "rma", "list", "--store", store], {}),
+        "report_help": ([medic, "report", "--help"], {}),
+        "what_if": ([medic, *what_if], {}),
+        "config_check": ([medic, "config", "check", "--config", str(config)], {}),
+        "ckpt_help": ([medic, "ckpt", "--help"], {}),
     }
+
+
+def commands(medic: str, store: str | None, config: Path) -> Commands:
+    out = storeless_commands(medic, config)
+    if store is not None:
+        out["nodes"] = ([medic, "nodes", "--no-slurm", "--store", store], {})
+        out["nodes_json"] = ([medic, "nodes", "--no-slurm", "--json", "--store", store], {})
+        out["rma_list"] = ([medic, "rma", "list", "--store", store], {})
+    return out
+
+
+def write_config(directory: Path) -> Path:
+    path = directory / "medic.toml"
+    path.write_text(CONFIG.format(state=directory))
+    return path
 
 
 def build(path: Path) -> str:
@@ -150,20 +220,35 @@ def quantile(ordered: list[float], q: float) -> float:
 def summary(walls: list[float], cpus: list[float], rng: random.Random) -> dict[str, Any]:
     ordered = sorted(walls)
     medians = sorted(statistics.median(rng.choices(walls, k=len(walls))) for _ in range(BOOTSTRAP))
-    return {
+    out: dict[str, Any] = {
         "runs": len(walls),
         "median_s": round(statistics.median(walls), 3),
         "median_ci_s": [round(quantile(medians, 0.025), 3), round(quantile(medians, 0.975), 3)],
-        "p90_s": round(quantile(ordered, 0.9), 3),
-        "min_s": round(ordered[0], 3),
-        "max_s": round(ordered[-1], 3),
-        "cpu_median_s": round(statistics.median(cpus), 3),
     }
+    if len(walls) >= P90_MIN_RUNS:
+        out["p90_s"] = round(quantile(ordered, 0.9), 3)
+    out.update(
+        min_s=round(ordered[0], 3),
+        max_s=round(ordered[-1], 3),
+        cpu_median_s=round(statistics.median(cpus), 3),
+    )
+    return out
 
 
 def paired_ratio(a: list[float], b: list[float]) -> float:
-    """The median of the ratios of runs made one after the other."""
+    """The median of the ratios of the runs of the same round."""
     return round(statistics.median(x / y for x, y in zip(a, b, strict=True)), 3)
+
+
+def measured_commit() -> dict[str, Any]:
+    """The commit of the tree this bench runs from, and whether it had uncommitted changes."""
+    repo = Path(__file__).resolve().parent.parent
+    head = proc.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], timeout=30)
+    dirty = proc.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                     timeout=30)  # fmt: skip
+    if head.returncode != 0:
+        return {"commit": None}
+    return {"commit": head.stdout.strip(), "uncommitted_changes": bool(dirty.stdout.strip())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,6 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--build", type=Path, help="build the fleet into this SQLite file")
     where.add_argument(
         "--pg", action="store_true", help="build the fleet into a private PostgreSQL server"
+    )
+    where.add_argument(
+        "--no-store", action="store_true", help="only the commands that read no store (no fleet)"
+    )
+    parser.add_argument(
+        "--lab",
+        action="store_true",
+        help="also time `medic nodes` with Slurm asked, on a 5-node lab started for it",
     )
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument(
@@ -188,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline-store", help="the store the baseline reads (default: the same one)"
     )
     args = parser.parse_args(argv)
+    if args.no_store and args.lab:
+        parser.error("--lab times `medic nodes` over a fleet: give --store, --build or --pg")
+    if args.no_store:
+        return measure(args, None, None)
     if not args.pg:
         return measure(args, args.store or build(args.build), args.baseline_store)
     from tests.pg import PostgresServer, find_bindir
@@ -208,31 +305,81 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
 
 
-def measure(args: argparse.Namespace, url: str, baseline_url: str | None) -> int:
-    make_live(url)
-    todo = commands(str(args.medic), url)
+def measure(args: argparse.Namespace, url: str | None, baseline_url: str | None) -> int:
+    with tempfile.TemporaryDirectory(prefix="medic-cli-startup-") as scratch:
+        config = write_config(Path(scratch))
+        with lab_env(args.lab) as slurm_env:
+            return measure_with(args, url, baseline_url, config, slurm_env)
+
+
+@contextlib.contextmanager
+def lab_env(wanted: bool) -> Iterator[dict[str, str] | None]:
+    """With `wanted`, a 5-node lab for the time of the runs: the environment that points
+    `medic` at its Slurm."""
+    if not wanted:
+        yield None
+        return
+    from cli.lab.cluster import Lab
+    from cli.lab.slurm_conf import LabSpec
+
+    with tempfile.TemporaryDirectory(prefix="medic-lab-", dir="/tmp") as tmp:
+        lab = Lab(Path(tmp))
+        try:
+            lab.up(LabSpec())
+            yield lab.env()
+        finally:
+            lab.down()
+
+
+def measure_with(
+    args: argparse.Namespace,
+    url: str | None,
+    baseline_url: str | None,
+    config: Path,
+    slurm_env: dict[str, str] | None,
+) -> int:
+    if url is not None:
+        make_live(url)
+    todo = commands(str(args.medic), url, config)
+    if url is not None and slurm_env is not None:
+        todo["nodes_slurm"] = ([str(args.medic), "nodes", "--store", url], slurm_env)
     if args.baseline:
         if baseline_url:
             make_live(baseline_url)
-        todo.update(
-            {f"baseline.{k}": v for k, v in commands(args.baseline, baseline_url or url).items()}
-        )
+        theirs = commands(args.baseline, baseline_url or url, config)
+        if url is not None and slurm_env is not None:
+            theirs["nodes_slurm"] = ([args.baseline, "nodes", "--store", url], slurm_env)
+        todo.update({f"baseline.{k}": v for k, v in theirs.items()})
     walls: dict[str, list[float]] = {k: [] for k in todo}
     cpus: dict[str, list[float]] = {k: [] for k in todo}
     for argv_, extra in todo.values():  # one warm-up each: the page cache, the .pyc files
         run_once(argv_, extra)
+    order = random.Random(args.seed)
+    names = list(todo)
     load_before = os.getloadavg()[0]
     for _ in range(args.runs):
-        for name, (argv_, extra) in todo.items():
+        order.shuffle(names)  # no command always runs first, or after the same one
+        for name in names:
+            argv_, extra = todo[name]
             wall, cpu = run_once(argv_, extra)
             walls[name].append(wall)
             cpus[name].append(cpu)
     rng = random.Random(args.seed)
     out: dict[str, Any] = {
         "benchmark": "cli_startup",
-        "fleet_nodes": 10_000,
-        "backend": url.split(":", 1)[0],
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        **measured_commit(),
+        "cpus": os.cpu_count(),
+        "fleet_nodes": 10_000 if url is not None else 0,
+        "backend": url.split(":", 1)[0] if url is not None else None,
+        "slurm": "5-node lab" if slurm_env is not None else "not asked",
+        "order": f"shuffled each round (seed {args.seed})",
         **{name: summary(walls[name], cpus[name], rng) for name in todo},
+        **{
+            f"vs_help.{name}": paired_ratio(walls[name], walls[help_of(name)])
+            for name in todo
+            if name != help_of(name)
+        },
         **{
             f"ratio.{name}": paired_ratio(walls[name], walls[f"baseline.{name}"])
             for name in todo
@@ -242,6 +389,11 @@ def measure(args: argparse.Namespace, url: str, baseline_url: str | None) -> int
     }
     print(json.dumps(out))
     return 0
+
+
+def help_of(name: str) -> str:
+    """The `medic --help` a command is compared with: its own medic's."""
+    return "baseline.help" if name.startswith("baseline.") else "help"
 
 
 if __name__ == "__main__":

@@ -11,10 +11,9 @@ import datetime as dt
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from sqlalchemy import make_url, select
 
 from cli import node_view
 from cli.common import (
@@ -43,17 +42,14 @@ from cli.common import (
 from cli.complete import complete_node
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.resilient import parse_resilient
-from medic_core.settings import HookSettings, RemediationSettings, deprecations
 from medic_core.slurm import JobInfo, SlurmError
-from medic_core.store import (
-    Event,
-    Severity,
-    Store,
-    store_settings,
-)
-from medic_core.store.models import EventRow
-from remediation import episodes as ep
-from remediation.decide import Ledger, capped_budget
+
+# The store (SQLAlchemy), the episodes and the settings load inside the commands that use
+# them: `medic report`, `medic config check` and every --help import this module
+# (tests/test_cli_startup_imports.py).
+if TYPE_CHECKING:
+    from medic_core.store import Event, Store
+    from remediation import episodes as ep
 
 _DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -156,6 +152,11 @@ JOB_EVENT_KINDS = ("job_action", "gate")
 
 def job_events(store: Store, job_ids: Sequence[str], since: dt.datetime) -> dict[str, list[Event]]:
     """job_action and gate events of these jobs since `since`, oldest first, by job id."""
+    from sqlalchemy import select
+
+    from medic_core.store import Event, Severity
+    from medic_core.store.models import EventRow
+
     by_job: dict[str, list[Event]] = {j: [] for j in job_ids}
     if not job_ids:
         return by_job
@@ -187,6 +188,8 @@ def job_json(
 ) -> dict[str, Any]:
     """`restarts_used`: what Medic charged (the job's ledger, the budget the decision core
     counts); `slurm_restarts`: Slurm's own count, which a prolog refusal raises too."""
+    from remediation.decide import Ledger, capped_budget
+
     return {
         "job_id": job.job_id,
         "name": job.name,
@@ -243,6 +246,9 @@ def jobs(
     MEDIC_RESTARTS: what Medic charged (the job's ledger) of what it allows (the tag, capped
     by [remediation] max_restarts); SLURM_RESTARTS: Slurm's own count, which a prolog
     refusal raises too."""
+    from medic_core.settings import RemediationSettings
+    from remediation.decide import Ledger, capped_budget
+
     now = now_utc()
     since = parse_since(since_text, now)
     config = load(config_path)
@@ -323,6 +329,8 @@ def remediation_status(
 ) -> None:
     """The pause switch and every node the ladder is repairing, or that waits for a human or
     an RMA, with the same word `medic nodes` gives it."""
+    from remediation import episodes as ep
+
     now = now_utc()
     config = load(config_path)
     slurm_nodes = None
@@ -420,6 +428,8 @@ def remediation_pause(reason: str, store_url: str | None, config_path: Path | No
     if not reason.strip():
         raise AdminError("--reason is empty", "a pause must say why", "give --reason TEXT",
                          EXIT_USAGE)  # fmt: skip
+    from remediation import episodes as ep
+
     config = load(config_path)
     with opened_store(config, store_url) as store:
         control = ep.EpisodeStore(store).set_paused(True, reason, actor())
@@ -432,6 +442,8 @@ def remediation_pause(reason: str, store_url: str | None, config_path: Path | No
 @config_option
 def remediation_resume(reason: str, store_url: str | None, config_path: Path | None) -> None:
     """Let the ladder act again."""
+    from remediation import episodes as ep
+
     config = load(config_path)
     with opened_store(config, store_url) as store:
         control = ep.EpisodeStore(store).set_paused(False, reason, actor())
@@ -444,13 +456,17 @@ def remediation_resume(reason: str, store_url: str | None, config_path: Path | N
 def check_config(config: MedicConfig) -> list[str]:
     """Validate every table the way the daemon and hooks do; returns what was checked.
     Raises ConfigError (one line: file, key, problem, fix)."""
+    from sqlalchemy import make_url
+
     from healthd.checks import load_check_configs
     from medic_core.settings import (
         DaemonSettings,
+        HookSettings,
         RemediationSettings,
         SweepSettings,
         WebhookSettings,
     )
+    from medic_core.store import store_settings
 
     DaemonSettings.from_config(config)
     checks = load_check_configs(config)
@@ -480,6 +496,8 @@ def config_group() -> None:
 @config_option
 def config_check(config_path: Path | None) -> None:
     """Load medic.toml and validate every table as the daemon does; OK or the error."""
+    from medic_core.settings import deprecations
+
     try:
         config = load_config(config_path)
         summary = check_config(config)

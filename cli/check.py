@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -57,16 +57,11 @@ from healthd.checks.base import (
 from healthd.runner import CheckOutcome, Runner
 from medic_core.config import ConfigError, MedicConfig
 from medic_core.slurm import SlurmError
-from medic_core.store import (
-    BadStoreURL,
-    ConditionUpdate,
-    Severity,
-    Store,
-    StoreError,
-    open_store,
-    store_settings,
-)
-from remediation import episodes as ep
+from medic_core.status import Severity
+
+# The store (SQLAlchemy) loads when results are recorded, not for `medic check --help`.
+if TYPE_CHECKING:
+    from medic_core.store import Store
 
 EXIT_UNKNOWN = 3
 EXIT_WARN = 4
@@ -261,6 +256,8 @@ def run_plan(runner: Runner, chosen: Plan, budget: float | None) -> list[CheckOu
 def _writable_store(config: MedicConfig, url: str | None) -> Iterator[Store]:
     """The store to record in; created when missing, as the daemon would create it (unlike
     the listings, which refuse a SQLite file that does not exist)."""
+    from medic_core.store import BadStoreURL, StoreError, open_store, store_settings
+
     try:
         store = open_store(url if url is not None else store_settings(config).url)
     except (ConfigError, BadStoreURL, StoreError) as exc:
@@ -283,6 +280,7 @@ def record(
     a fault class); returns how many conditions changed. Drains and the ladder are the
     daemon's: nothing here acts on a fault."""
     from healthd.results import SEVERITY_OF, merge_by_target
+    from medic_core.store import ConditionUpdate
 
     changed = 0
     with _writable_store(config, store_url) as store:
@@ -446,6 +444,7 @@ def _requalify(as_json: bool, store_url: str | None, config_path: Path | None) -
     from medic_core.drain_book import DrainBook, operator
     from medic_core.drain_reason import DrainOutcome
     from medic_core.settings import RemediationSettings
+    from remediation import episodes as ep
     from remediation import tickets
     from remediation.give_back import give_back
 

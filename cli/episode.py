@@ -14,7 +14,7 @@ at the rung it was on, with that rung's attempts reset, after making sure the no
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -42,12 +42,18 @@ from cli.complete import complete_node
 from medic_core.drain_book import DrainBook, operator
 from medic_core.drain_reason import DrainOutcome, drain_if_allowed, format_reason
 from medic_core.slurm import SlurmError
-from medic_core.store import Severity, Store
-from remediation import episodes as ep
-from remediation import tickets
+from medic_core.status import Severity
+from remediation import episode_types
+
+# The store (SQLAlchemy), the episodes and the tickets load inside the commands, not for
+# `medic episode --help` (tests/test_cli_startup_imports.py).
+if TYPE_CHECKING:
+    from medic_core.store import Store
+    from remediation import episodes as ep
+    from remediation import tickets
 
 # What `medic episode list` shows without --all: what still waits for the ladder or a human.
-WAITING_STATES = (*ep.OPEN_STATES, ep.NEEDS_HUMAN, ep.RMA)
+WAITING_STATES = (*episode_types.OPEN_STATES, episode_types.NEEDS_HUMAN, episode_types.RMA)
 HEADERS = ("EPISODE", "NODE", "STATE", "RUNG", "FAULT", "TARGET", "OPENED", "UPDATED", "MESSAGE")
 
 
@@ -74,6 +80,8 @@ def _get(episodes: ep.EpisodeStore, episode_id: int) -> ep.Episode:
 
 def _open_ticket(store: Store, e: ep.Episode) -> tickets.Ticket | None:
     """The episode's RMA ticket, if it is not closed."""
+    from remediation import tickets
+
     if e.ticket_id is None:
         return None
     ticket = tickets.get(store, int(e.ticket_id))
@@ -107,6 +115,8 @@ def list_episodes(
     config_path: Path | None,
 ) -> None:  # fmt: skip
     """Episodes, oldest first: by default those the ladder or a human still has to act on."""
+    from remediation import episodes as ep
+
     now = now_utc()
     config = load(config_path)
     with opened_store(config, store_url) as store:
@@ -136,6 +146,8 @@ def show_episode(
     episode_id: int, as_json: bool, store_url: str | None, config_path: Path | None
 ) -> None:
     """One episode: its state, rung, attempts, message, steps, and who closed or retried it."""
+    from remediation import episodes as ep
+
     config = load(config_path)
     with opened_store(config, store_url) as store:
         episodes = ep.EpisodeStore(store)
@@ -195,6 +207,8 @@ def close_episode(
     """Close an episode for good (state `closed`). With --resume, also return the node to
     service; without, the node stays drained until `medic node resume` (nothing of Medic's
     resumes it meanwhile)."""
+    from remediation import episodes as ep
+
     reason = _reason(reason, required=True)
     config = load(config_path)
     with opened_store(config, store_url) as store:
@@ -270,6 +284,8 @@ def retry_episode(
 ) -> None:  # fmt: skip
     """Hand a needs_human, paused or closed episode back to the ladder: waiting_idle at its
     rung, that rung's attempts reset. Drains the node (Medic's drain) if it is in service."""
+    from remediation import episodes as ep
+
     reason = _reason(reason, required=False)
     config = load(config_path)
     outcome: list[DrainOutcome] = []

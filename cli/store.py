@@ -10,12 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from sqlalchemy import Engine
-from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError
 
 from cli.admin import (
     EXIT_OK,
@@ -28,9 +25,13 @@ from cli.admin import (
     store_option,
 )
 from cli.common import named_store
-from medic_core.store import StoreError
-from medic_core.store.engine import describe, make_engine
-from medic_core.store.migrations import SchemaState, migrate, schema_state
+
+# SQLAlchemy and the store load when a command runs, not for `medic store --help`.
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+    from sqlalchemy.engine import URL
+
+    from medic_core.store.migrations import SchemaState
 
 
 def _url(config_path: Path | None, url: str | None) -> URL:
@@ -39,6 +40,11 @@ def _url(config_path: Path | None, url: str | None) -> URL:
 
 @contextmanager
 def _engine(url: URL) -> Iterator[Engine]:
+    from sqlalchemy.exc import DBAPIError
+
+    from medic_core.store import StoreError
+    from medic_core.store.engine import describe, make_engine
+
     try:
         engine = make_engine(url)
     except StoreError as exc:
@@ -97,6 +103,9 @@ def status(config_path: Path | None, store_url: str | None, as_json: bool) -> No
 
     Exit 0 when this Medic can use the store (after `medic store migrate` if it is behind),
     1 when the store is newer than this Medic and refuses it."""
+    from medic_core.store.engine import describe
+    from medic_core.store.migrations import schema_state
+
     url = _url(config_path, store_url)
     with _engine(url) as engine:
         state = schema_state(engine)
@@ -124,6 +133,10 @@ def migrate_command(config_path: Path | None, store_url: str | None) -> None:
     Run it with the new release on one admin host before upgrading the daemons. Safe to run
     twice, or beside daemons that open the store at the same time (one migrates, the others
     wait and find nothing to do)."""
+    from medic_core.store import StoreError
+    from medic_core.store.engine import describe
+    from medic_core.store.migrations import migrate, schema_state
+
     url = _url(config_path, store_url)
     with _engine(url) as engine:
         try:

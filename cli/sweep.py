@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,16 +26,11 @@ from cli.admin import (
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.settings import SweepSettings
 from medic_core.slurm import SlurmError
-from medic_core.store import StoreError, open_configured_store
-from remediation.sweep import (
-    FINAL,
-    Progress,
-    SweepBusy,
-    Sweeper,
-    SweepNode,
-    SweepSlurm,
-    SweepStore,
-)
+
+# remediation.sweep and the store (SQLAlchemy) load inside the commands that use them: not
+# for `medic sweep --help`, nor for `medic sweep probe` on every node of a sweep.
+if TYPE_CHECKING:
+    from remediation.sweep import Progress, SweepNode
 
 EXIT_BUSY = 75  # EX_TEMPFAIL: another sweep runs; cron and the timer simply try next time
 
@@ -63,6 +58,8 @@ class _Reporter:
         self.bar: Any = None
 
     def __call__(self, step: Progress) -> None:
+        from remediation.sweep import FINAL
+
         if self.quiet:
             return
         if self.tty:
@@ -105,6 +102,9 @@ def run(
 ) -> None:
     """Deep-check idle nodes, riskiest first, holding at most --share of each partition;
     resumes a sweep that was interrupted. Exit 75 when another sweep is running."""
+    from medic_core.store import StoreError, open_configured_store
+    from remediation.sweep import SweepBusy, Sweeper, SweepSlurm
+
     config = load(config_path)
     settings = _settings(config)
     try:
@@ -158,6 +158,8 @@ def _table(nodes: tuple[SweepNode, ...] | list[SweepNode]) -> None:
 @json_option
 def status(config_path: Path | None, store_url: str | None, as_json: bool) -> None:
     """The running sweep, else the last one: each node's state and verdict."""
+    from remediation.sweep import SweepStore
+
     config = load(config_path)
     with opened_store(config, store_url) as store:
         rows = SweepStore(store)
