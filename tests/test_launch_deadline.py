@@ -176,7 +176,9 @@ def test_without_the_front_a_hung_daemon_is_unknown_at_the_deadline(
     # The gate record is best effort past the deadline: the prolog exits on time, and on a
     # loaded machine it may do so before its recording thread reached the (hung) daemon.
     assert [r["op"] for r in recording] in ([], ["event"])
-    assert 0.3 < float(request["budget"]) <= 1.0 - 0.2  # what was left, less the reserve
+    # What was left, less the reserve (how much was left is the machine's: a loaded one took
+    # 0.66 s of the second to start the prolog's interpreter).
+    assert 0.0 < float(request["budget"]) <= 1.0 - 0.2
 
 
 # --- the inline path with a hung nvmlInit ------------------------------------------------------
