@@ -306,7 +306,9 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
         # The application must restart: requeue the jobs on the faulty GPU (every job for a
         # host fault). The node is fine (no drain, no episode) unless the catalog names a
         # follow-up, which goes on as a fault of its own.
-        hit = _hit(findings, facts, node_wide=False)
+        # Only the findings that restart an application name whose: another GPU's warning
+        # reported in the same answer restarts nothing.
+        hit = _hit([f for f in findings if _restarts_app(f)], facts, node_wide=False)
         restarts = _jobs(facts, hit, first, reason, keep_running=False)
         word = first.evidence.get("follow_up")
         follow_up = Recommendation.parse(word) if word else Recommendation.NONE

@@ -150,6 +150,17 @@ def test_xid_13_on_gpu_5_requeues_only_the_job_on_gpus_4_to_7_and_drains_nothing
     assert not d.drain
 
 
+def test_an_application_restart_reported_with_another_gpus_warning_restarts_only_its_job() -> None:
+    """XID 13 on GPU 5 (the second job's) reported in one answer with a WARN on GPU 1 that
+    asks for nothing (a thermal slowdown on the first job's GPU): only the job whose
+    application must restart is requeued."""
+    warm = Finding(
+        "gpu_thermal", Status.WARN, "gpu.thermal.slowdown", "1", "hot", Recommendation.NONE
+    )
+    d = decide_fault([XID13, warm], FaultFacts("n1", NodeFacts(), TWO_USERS))
+    assert d.requeued == ("B",) and not d.drain
+
+
 def test_xid_94_on_gpu_1_requeues_only_the_job_on_gpus_0_to_3_and_keeps_the_node() -> None:
     d = decide_fault([XID94], FaultFacts("n1", NodeFacts(), TWO_USERS))
     assert d.requeued == ("A",) and not d.drain
