@@ -131,6 +131,18 @@ class StoreFacts:
     human_episode: ep.Episode | None = None  # the newest needs_human (a human closes it)
     rma_episode: ep.Episode | None = None  # the newest in state rma
     tickets: list[TicketBrief] = field(default_factory=list)
+    # The reason of the node's open drain record (medic_core.drain_book): Medic drained it
+    # with this reason and has not resumed it. None: no open record in this store.
+    drain_record: str | None = None
+
+    @property
+    def known(self) -> bool:
+        """This store holds the node's daemon's records (its reports, episodes, drains)."""
+        return (
+            self.last_report is not None
+            or self.drain_record is not None
+            or bool(self.faults or self.open_episode or self.human_episode or self.rma_episode)
+        )
 
     def silent(self, now: dt.datetime) -> bool:
         return self.last_report is not None and self.last_report < now - SILENT_AFTER
@@ -248,6 +260,9 @@ def gather(source: Store | Reader, only: str | None = None) -> dict[str, StoreFa
             (*wanted, *node_args),
         )
     ]
+    drains = reader.rows(
+        f"SELECT node, reason FROM drain_records WHERE closed_at IS NULL{node_is}", node_args
+    )
     when = reader.when
     facts: dict[str, StoreFacts] = {}
     for name, last in seen:
@@ -273,6 +288,8 @@ def gather(source: Store | Reader, only: str | None = None) -> dict[str, StoreFa
         facts.setdefault(node, StoreFacts()).tickets.append(
             TicketBrief(int(id_), state, bool(requalify))
         )
+    for node, reason in drains:
+        facts.setdefault(node, StoreFacts()).drain_record = str(reason)
     for f in facts.values():
         f.faults.sort(key=lambda x: (-_SEVERITY[x.status], x.type, natural_key(x.target)))
     return facts

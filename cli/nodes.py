@@ -113,8 +113,17 @@ class NodeView:
 
     @property
     def drained_by(self) -> str | None:
+        """Whose the drain Slurm shows is, from Medic's drain records where this store holds
+        the node's (an admin's "medic: x" is not Medic's); from the reason's text only for a
+        node this store knows nothing of (a node writing to a store of its own)."""
         if not self.drain_reason:
             return None
+        if self.facts.known:
+            from medic_core.drain_book import as_recorded
+
+            record = self.facts.drain_record
+            ours = record is not None and as_recorded(self.drain_reason, record)
+            return "medic" if ours else "other"
         return "medic" if is_medic_reason(self.drain_reason) else "other"
 
     @property

@@ -319,3 +319,27 @@ def test_medic_node_resume_refuses_an_unrecorded_medic_looking_drain_unless_forc
     assert forced.exit_code == 0, forced.output
     [event] = store.events("n5", kind=DRAIN_RESUMED)
     assert event.evidence["actor"] == operator() and "forced" in event.message
+
+
+# --- `medic nodes`: whose a drain is -----------------------------------------------------------
+
+
+def test_medic_nodes_names_the_drainer_from_the_records_not_the_text(store: Store) -> None:
+    """n1: Medic's recorded drain; n2: an admin's "medic: x" on a node whose daemon writes to
+    this store (no record holds it); n3: a "medic: " drain of a node this store knows nothing
+    of (its daemon keeps a store of its own): only the text can tell there."""
+    from cli.nodes import fleet
+    from medic_core.store import ConditionUpdate
+
+    now = dt.datetime.now(dt.UTC)
+    for name in ("n1", "n2"):
+        store.set_condition(name, ConditionUpdate("gpu_count", "OK"), now)
+    DrainBook.of(store).record_drain("n1", as_slurm_stores(OURS), actor="ladder")
+    infos = [
+        NodeInfo("n1", "IDLE", frozenset({"DRAIN"}), as_slurm_stores(OURS) + " : reboot issued"),
+        NodeInfo("n2", "IDLE", frozenset({"DRAIN"}), "medic: x"),
+        NodeInfo("n3", "IDLE", frozenset({"DRAIN"}), as_slurm_stores(OURS)),
+        NodeInfo("n4", "IDLE", frozenset({"DRAIN"}), "bios update"),
+    ]
+    by = {v.node: v.drained_by for v in fleet(store, infos, now)}
+    assert by == {"n1": "medic", "n2": "other", "n3": "medic", "n4": "other"}
