@@ -11,6 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from medic_core.drain_book import as_recorded
 from medic_core.drain_reason import format_reason, is_burn_in_reason
 from medic_core.settings import HookSettings
 from medic_core.slurm import NodeInfo
@@ -470,12 +471,23 @@ def cap_reason(
     share: float,
     minimum: int,
     pending: Collection[str] = (),
+    records: Mapping[str, str | None] | None = None,
 ) -> str:
     """Why draining `node` would pass the drain cap in one of its partitions ("" if it
-    would not). Medic's drains are counted from the reasons Slurm stores, the one truth
-    every node can read whatever the store; `pending` adds nodes admitted a moment ago
-    whose drain Slurm does not show yet. A burn-in drain (a node not yet qualified, never
-    a fault) does not count."""
+    would not). Medic's drains are counted from its drain records where the store holds a
+    node's (`records`: Store.drain_holdings, the open record's reason or None), else from
+    the reasons Slurm stores, the one truth every node can read whatever the store (a node
+    keeping a store of its own); `pending` adds nodes admitted a moment ago whose drain
+    Slurm does not show yet. A burn-in drain (a node not yet qualified, never a fault) does
+    not count."""
+    held = records or {}
+
+    def medics(n: NodeInfo) -> bool:
+        if n.name in held:
+            recorded = held[n.name]
+            return recorded is not None and as_recorded(n.reason, recorded)
+        return n.reason.startswith("medic: ")
+
     me = next((n for n in nodes if n.name == node), None)
     if me is None:
         return ""
@@ -487,7 +499,7 @@ def cap_reason(
             for n in members
             if n.name != node
             and (n.drained or n.down)
-            and n.reason.startswith("medic: ")
+            and medics(n)
             and not is_burn_in_reason(n.reason)
         }
         ours |= {n.name for n in members if n.name in pending and n.name != node}

@@ -229,7 +229,11 @@ class Ladder:
             "cannot read Slurm to apply the drain cap"
             if nodes is None
             else cap_reason(
-                nodes, self.node, self.settings.max_drained_share, self.settings.min_drained
+                nodes,
+                self.node,
+                self.settings.max_drained_share,
+                self.settings.min_drained,
+                records=self._drain_holdings(),
             )
         )
         return FaultFacts(
@@ -364,8 +368,22 @@ class Ladder:
         # admission runs under the store's lock, so this is never a race.
         pending = {e.node for e in self.store.find(states=ep.DRAINING_STATES)}
         return cap_reason(
-            nodes, self.node, self.settings.max_drained_share, self.settings.min_drained, pending
+            nodes,
+            self.node,
+            self.settings.max_drained_share,
+            self.settings.min_drained,
+            pending,
+            records=self._drain_holdings(),
         )
+
+    def _drain_holdings(self) -> dict[str, str | None] | None:
+        """Medic's drain records by node (Store.drain_holdings); None with the store down:
+        the cap then counts by the reasons' text alone."""
+        try:
+            return self.store.store.drain_holdings()
+        except Exception as exc:  # the store down: the cap still holds, by Slurm's text
+            log.warning("%s: drain records unread for the cap: %s", self.node, exc)
+            return None
 
     def _fleet_signature(self, fault_class: str, slurm_nodes: Sequence[NodeInfo]) -> str:
         """The same fault class on fleet_signature_nodes nodes within the window, counted

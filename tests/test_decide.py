@@ -89,6 +89,24 @@ def test_cap_is_counted_from_medics_reasons_in_slurm() -> None:
     assert cap_reason(nodes, "n1", 0.2, 1, pending={"n3"}) == ""  # n1 itself never counts
 
 
+def test_cap_counts_medics_drains_by_its_records_where_the_store_holds_them() -> None:
+    """An admin's "medic: x" drain is not Medic's where the store holds that node's drain
+    records; a node it holds none of is judged by Slurm's text (its own store elsewhere)."""
+
+    def node(name: str, reason: str) -> NodeInfo:
+        return NodeInfo(name, "IDLE", frozenset({"DRAIN"}), reason, partitions=("gpu",))
+
+    ours = "medic: gpu.xid.79 gpu0 x"
+    nodes = [NodeInfo(f"n{i}", "IDLE", frozenset(), "", partitions=("gpu",)) for i in range(10)]
+    nodes[1], nodes[2] = node("n1", ours + " : reboot issued"), node("n2", "medic: x")
+    nodes[3] = node("n3", "medic: y")
+    # Cap 3: by the text alone n1, n2 and n3 are Medic's and the cap is reached.
+    assert "3 of 10 nodes drained by Medic (cap 3)" in cap_reason(nodes, "n5", 0.3, 1)
+    records = {"n1": ours, "n2": None}  # n2: Medic drained it once, resumed it since
+    assert cap_reason(nodes, "n5", 0.3, 1, records=records) == ""  # n1 (record), n3 (text)
+    assert "cap 3" in cap_reason(nodes, "n5", 0.3, 1, records={"n1": ours, "n2": "medic: x"})
+
+
 # --- 7: the restart budget counts Medic's requeues, once per fault ---------------------------
 
 

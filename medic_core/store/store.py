@@ -464,6 +464,20 @@ class Store:
             row = session.scalars(query).one_or_none()
             return row.to_record() if row is not None else None
 
+    def drain_holdings(self) -> dict[str, str | None]:
+        """Every node this store holds drain records of (Medic drained it here at least
+        once), with the reason of its open record, None when it has none open: whose a
+        node's drain is, for the drain cap (remediation.decide.cap_reason)."""
+        query = select(DrainRecordRow.node, DrainRecordRow.reason, DrainRecordRow.closed_at)
+        out: dict[str, str | None] = {}
+        with Session(self._engine) as session:
+            for node, reason, closed_at in session.execute(query):
+                if closed_at is None:
+                    out[node] = reason
+                else:
+                    out.setdefault(node, None)
+        return out
+
     def drain_records(self, node: str | None = None, limit: int = 100) -> list[DrainRecord]:
         """Drain records, newest first."""
         query = (
