@@ -454,31 +454,17 @@ def remediation_resume(reason: str, store_url: str | None, config_path: Path | N
 
 
 def check_config(config: MedicConfig) -> list[str]:
-    """Validate every table the way the daemon and hooks do; returns what was checked.
-    Raises ConfigError (one line: file, key, problem, fix)."""
+    """Validate every table the way the daemon does at start and on a reload; returns what
+    was checked. Raises ConfigError (one line per problem: file, key, problem, fix)."""
     from sqlalchemy import make_url
 
-    from healthd.checks import load_check_configs
-    from medic_core.settings import (
-        DaemonSettings,
-        HookSettings,
-        RemediationSettings,
-        SweepSettings,
-        WebhookSettings,
-    )
+    from healthd.config_check import validate_config  # the daemon's own, start and reload
+    from medic_core.settings import WebhookSettings
     from medic_core.store import store_settings
 
-    DaemonSettings.from_config(config)
-    checks = load_check_configs(config)
-    HookSettings.from_config(config)
-    RemediationSettings.from_config(config)
-    SweepSettings.from_config(config)
+    checks = validate_config(config)
     webhook = WebhookSettings.from_config(config)
     store = store_settings(config)
-    conf = config.table("slurm").get("conf")
-    if conf is not None and not isinstance(conf, str):
-        raise ConfigError(config.source, "slurm.conf", f"expected a path, got {conf!r}",
-                          'give the path of slurm.conf, e.g. "/etc/slurm/slurm.conf"')  # fmt: skip
     enabled = sum(1 for c in checks.values() if c.enabled)
     return [
         f"{enabled} of {len(checks)} checks enabled",
@@ -501,7 +487,11 @@ def config_check(config_path: Path | None) -> None:
     try:
         config = load_config(config_path)
         summary = check_config(config)
-    except (ConfigError, ValueError) as exc:
+    except ConfigError as exc:
+        for line in exc.lines():  # every problem, one line each
+            click.echo(f"medic: {line}", err=True)
+        raise SystemExit(EXIT_PROBLEM) from exc
+    except ValueError as exc:
         click.echo(f"medic: {exc}", err=True)
         raise SystemExit(EXIT_PROBLEM) from exc
     source = config.source or "<built-in defaults: no config file>"

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from healthd import logs, sdnotify
-from healthd.checks import load_check_configs
 from healthd.checks.base import CheckContext, Kind, Result, Status, Tier, gpu_checks_skipped
+from healthd.config_check import validate_config
 from healthd.gpu_plumbing import GpuPlumbing, start_gpu_plumbing
 from healthd.jobs import SpoolJobState
 from healthd.kmsg_watch import KmsgWatcher
@@ -140,9 +140,10 @@ class HealthDaemon:
     # ---- configuration -----------------------------------------------------------------
 
     def apply_config(self, config: MedicConfig) -> None:
-        """Validate everything first, then swap: a bad file on SIGHUP changes nothing."""
+        """Validate everything first (every table, as `medic config check` does), then swap:
+        a bad file on SIGHUP changes nothing."""
+        configs = validate_config(config)
         settings = DaemonSettings.from_config(config)
-        configs = load_check_configs(config)
         if self.runner is None:
             self.runner = Runner(self.ctx, configs)
         else:
@@ -162,7 +163,8 @@ class HealthDaemon:
             try:
                 self.apply_config(load_config(path or self.config.source))
             except ConfigError as exc:
-                log.error("reload refused, keeping the running configuration: %s", exc)
+                for line in exc.lines():  # every problem, one line each
+                    log.error("reload refused, keeping the running configuration: %s", line)
                 return False
             finally:
                 self.notify("READY=1")
@@ -720,10 +722,13 @@ def main(argv: list[str] | None = None) -> int:
     journal = logs.configure(args.log_level, sys.stderr)
     try:
         config = load_config(args.config)
+        validate_config(config)  # every table, before the store is opened
         daemon = build_daemon(config)
     except (ConfigError, ValueError) as exc:  # a file or URL no restart can fix
-        line = f"medic-healthd: {exc}"
-        print(logs.with_priority(line, logging.ERROR) if journal else line, file=sys.stderr)
+        lines = exc.lines() if isinstance(exc, ConfigError) else [str(exc)]
+        for problem in lines:
+            line = f"medic-healthd: {problem}"
+            print(logs.with_priority(line, logging.ERROR) if journal else line, file=sys.stderr)
         return EXIT_CONFIG
     except StoreError as exc:  # down, corrupt or read-only: systemd tries again (Restart=)
         line = f"medic-healthd: {exc}"

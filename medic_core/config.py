@@ -14,10 +14,12 @@ from __future__ import annotations
 import os
 import socket
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from medic_core.text import sanitised
 
 DEFAULT_CONFIG_PATH = Path("/etc/medic/medic.toml")
 CONFIG_ENV = "MEDIC_CONFIG"
@@ -29,14 +31,42 @@ KNOWN_TABLES = frozenset(
 )
 
 
+# A file larger than this is no configuration (the shipped example is 20 KB), and no key of
+# Medic's is deeper than `[checks.command.<name>] key = [...]`: tables and arrays nested
+# deeper are refused (tomllib itself recursed into a RecursionError at ~1,000 levels).
+MAX_CONFIG_BYTES = 1 << 20
+MAX_DEPTH = 8
+_SHOWN_VALUE = 80  # characters of a bad value quoted in a message
+
+
 class ConfigError(ValueError):
-    """Bad configuration: the message names the file, the key and the fix, on one line."""
+    """Bad configuration: the message names the file, the key and the fix, on one line
+    (passed through the one sanitiser: a key or value holding a control or a line break
+    stays one line). `others`: the further problems found with it, each a ConfigError;
+    `lines()` is every problem, one line each (`medic config check`, the daemon)."""
 
     def __init__(self, path: Path | None, key: str, problem: str, fix: str) -> None:
         where = str(path) if path else "<defaults>"
-        super().__init__(f"{where}: {key}: {problem}; {fix}")
+        super().__init__(sanitised(f"{where}: {key}: {problem}; {fix}"))
         self.path = path
         self.key = key
+        self.others: tuple[ConfigError, ...] = ()
+
+    def lines(self) -> list[str]:
+        return [str(self), *(str(other) for other in self.others)]
+
+    @classmethod
+    def of(cls, problems: Sequence[ConfigError]) -> ConfigError:
+        """The first of `problems` (at least one), carrying the rest."""
+        first = problems[0]
+        first.others = tuple(problems[1:])
+        return first
+
+
+def shown(value: object) -> str:
+    """A bad value quoted in a message: its repr, clipped (a 1 MB string is not a message)."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_VALUE else text[: _SHOWN_VALUE - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -93,7 +123,7 @@ def _expand(path: Path | None, key: str, value: object, node: str) -> Path:
     """A `[node]` path with `{node}` replaced: absolute, no `..`, nothing that a URL or a
     file system would read as anything but this one path."""
     if not isinstance(value, str) or not value:
-        raise ConfigError(path, key, f"expected a path string, got {value!r}", "give a path")
+        raise ConfigError(path, key, f"expected a path string, got {shown(value)}", "give a path")
     if "{" in value.replace("{node}", "") or "}" in value.replace("{node}", ""):
         raise ConfigError(path, key, f"unknown placeholder in {value!r}", "only {node} exists")
     if "{node}" in value and (not node or "/" in node or node in (".", "..")):
@@ -116,16 +146,38 @@ def _expand(path: Path | None, key: str, value: object, node: str) -> Path:
     return Path(expanded)
 
 
+def _deeper_than(data: Mapping[str, Any], limit: int) -> str | None:
+    """The dotted key of the first value nested deeper than `limit` tables and arrays (the
+    top-level tables are level 1), or None. Iterative: the depth it checks is any."""
+    stack: list[tuple[str, Any, int]] = [(str(k), v, 1) for k, v in data.items()]
+    while stack:
+        key, value, depth = stack.pop()
+        if isinstance(value, Mapping | list):
+            if depth > limit:
+                return key
+            items = value.items() if isinstance(value, Mapping) else enumerate(value)
+            stack += [(f"{key}.{k}" if isinstance(value, Mapping) else key, v, depth + 1)
+                      for k, v in items]  # fmt: skip
+    return None
+
+
 def parse_config(data: Mapping[str, Any], source: Path | None, node: str) -> MedicConfig:
     """The file's tables, checked as far as this module knows them: known names, each a
-    table, and the `[node]` paths. Each part validates the keys of its own table."""
+    table, and the `[node]` paths, nothing nested deeper than MAX_DEPTH. Each part
+    validates the keys of its own table."""
+    too_deep = _deeper_than(data, MAX_DEPTH)
+    if too_deep is not None:
+        raise ConfigError(
+            source, too_deep, f"nested deeper than {MAX_DEPTH} levels",
+            f"write tables and arrays at most {MAX_DEPTH} levels deep",
+        )  # fmt: skip
     for table, value in data.items():
         if table not in KNOWN_TABLES:
             known = ", ".join(sorted(KNOWN_TABLES))
             raise ConfigError(source, table, "unknown table", f"use one of: {known}")
         if not isinstance(value, Mapping):
             raise ConfigError(
-                source, table, f"expected a table, got {value!r}", f"write it as [{table}]"
+                source, table, f"expected a table, got {shown(value)}", f"write it as [{table}]"
             )
     node_table = data.get("node", {})
     defaults = NodePaths()
@@ -153,7 +205,13 @@ def load_config(path: Path | None = None, environ: Mapping[str, str] | None = No
     source = path or config_path(environ)
     node = node_name(environ)
     try:
-        text = source.read_text(encoding="utf-8")
+        with source.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                source, "-", f"larger than {MAX_CONFIG_BYTES} bytes", "give Medic's medic.toml"
+            )
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         if explicit:
             fix = f"create it or unset {CONFIG_ENV}"
@@ -173,4 +231,11 @@ def load_config(path: Path | None = None, environ: Mapping[str, str] | None = No
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(source, "-", f"not valid TOML ({exc})", "fix the syntax") from exc
+    except RecursionError:  # tomllib recurses once per level of nesting
+        raise ConfigError(
+            source, "-", f"nested deeper than {MAX_DEPTH} levels",
+            f"write tables and arrays at most {MAX_DEPTH} levels deep",
+        ) from None  # fmt: skip
+    except ValueError as exc:  # an integer of more than 4,300 digits (int's own limit)
+        raise ConfigError(source, "-", f"not a usable value ({exc})", "fix the value") from None
     return parse_config(data, source, node)

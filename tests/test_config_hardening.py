@@ -85,15 +85,16 @@ def test_repair_commands_are_checked_as_the_ladder_will_run_them(
 
 
 def test_repair_commands_with_known_placeholders_and_literal_braces_pass(tmp_path: Path) -> None:
+    # Programs that exist: `medic config check` looks for them (tests/test_config_validation.py).
     body = (
-        '[remediation]\ngpu_reset = ["/usr/bin/nvidia-smi", "-r", "-i", "{gpu}", "--on={node}"]\n'
-        'driver_reload = ["/usr/local/sbin/reload", "{{literal}}", "{node}"]\n'
+        '[remediation]\ngpu_reset = ["/usr/bin/true", "-r", "-i", "{gpu}", "--on={node}"]\n'
+        'driver_reload = ["/usr/bin/env", "{{literal}}", "{node}"]\n'
     )
     code, output = _check(_write(tmp_path, body))
     assert code == 0, output
     settings = load_settings(load_config(tmp_path / "medic.toml"))
     argv = [a.format(gpu=3, node="n1") for a in settings.remediation.driver_reload]
-    assert argv == ["/usr/local/sbin/reload", "{literal}", "n1"]
+    assert argv == ["/usr/bin/env", "{literal}", "n1"]
 
 
 def test_an_empty_sweep_probe_program_is_refused(tmp_path: Path) -> None:

@@ -110,20 +110,27 @@ def _command_configs(table: Any, source: Any) -> dict[str, CheckConfig]:
             source, f"checks.{COMMAND_TABLE}", "expected a table", "write [checks.command.<name>]"
         )
     configs: dict[str, CheckConfig] = {}
+    problems: list[ConfigError] = []
     for name, sub in table.items():
         where = f"checks.{COMMAND_TABLE}.{name}"
         if not COMMAND_NAME.match(name):
-            raise ConfigError(
+            problems.append(ConfigError(
                 source,
                 where,
                 "a command check's name must be 1-64 of a-z, 0-9 and _",
                 "rename the table, e.g. [checks.command.gpfs_state]",
-            )
-        if not isinstance(sub, Mapping):
-            raise ConfigError(source, where, "expected a table", f"write [{where}]")
-        configs[COMMAND_PREFIX + name] = parse_check_config(
-            CommandCheckConfig, sub, prefix=where, source=source
-        )
+            ))  # fmt: skip
+        elif not isinstance(sub, Mapping):
+            problems.append(ConfigError(source, where, "expected a table", f"write [{where}]"))
+        else:
+            try:
+                configs[COMMAND_PREFIX + name] = parse_check_config(
+                    CommandCheckConfig, sub, prefix=where, source=source
+                )
+            except ConfigError as exc:
+                problems += [exc, *exc.others]
+    if problems:
+        raise ConfigError.of(problems)
     return configs
 
 
@@ -141,33 +148,49 @@ def load_check_configs(config: MedicConfig) -> dict[str, CheckConfig]:
     (`CheckConfig.for_cpu_node`: the services check's GPU daemons)."""
     from medic_core.settings import DaemonSettings
 
-    cpu_node = DaemonSettings.from_config(config).gpus == "none"
+    problems: list[ConfigError] = []  # every table's, one line each (medic config check)
+    try:
+        cpu_node = DaemonSettings.from_config(config).gpus == "none"
+    except ConfigError as exc:
+        problems += [exc, *exc.others]
+        cpu_node = False
     specs = {spec.name: spec for spec in registry()}
     table: Any = config.table("checks")
     if not isinstance(table, Mapping):
         raise ConfigError(config.source, "checks", "expected a table", "write [checks.<name>]")
+    bad = set()
     for name, sub in table.items():
         if name == COMMAND_TABLE and name not in specs:
             continue
         if name not in specs:
-            raise ConfigError(
+            problems.append(ConfigError(
                 config.source,
                 f"checks.{name}",
                 "unknown check",
                 f"use one of: {', '.join(sorted(specs))}",
-            )
-        if not isinstance(sub, Mapping):
-            raise ConfigError(
+            ))  # fmt: skip
+        elif not isinstance(sub, Mapping):
+            bad.add(name)
+            problems.append(ConfigError(
                 config.source, f"checks.{name}", "expected a table", f"write [checks.{name}]"
+            ))  # fmt: skip
+    configs: dict[str, CheckConfig] = {}
+    for name, spec in specs.items():
+        if name in bad:
+            continue
+        try:
+            configs[name] = parse_check_config(
+                spec.config_type, table.get(name, {}), prefix=f"checks.{name}", source=config.source
             )
-    configs = {
-        name: parse_check_config(
-            spec.config_type, table.get(name, {}), prefix=f"checks.{name}", source=config.source
-        )
-        for name, spec in specs.items()
-    }
+        except ConfigError as exc:
+            problems += [exc, *exc.others]
     if COMMAND_TABLE not in specs:
-        configs.update(_command_configs(table.get(COMMAND_TABLE, {}), config.source))
+        try:
+            configs.update(_command_configs(table.get(COMMAND_TABLE, {}), config.source))
+        except ConfigError as exc:
+            problems += [exc, *exc.others]
+    if problems:
+        raise ConfigError.of(problems)
     if cpu_node:
         configs = {name: cfg.for_cpu_node() for name, cfg in configs.items()}
     return configs

@@ -19,7 +19,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from medic_core.config import ConfigError, MedicConfig
+from medic_core.config import ConfigError, MedicConfig, shown
 from medic_core.store.engine import (
     DEFAULT_POOL,
     DEFAULT_POOL_SIZE,
@@ -62,6 +62,7 @@ DRAIN_KINDS = frozenset({DRAIN_RECORDED, DRAIN_RESUMED, DRAIN_HELD})
 DEFAULT_EVENTS_LIMIT = 1000
 STORE_KEYS = ("url", "event_retention_days", "pool", "pool_size")
 MAX_POOL_SIZE = 50
+MAX_RETENTION_DAYS = 36500  # a century: a number past it is a typo, not a policy
 
 
 @dataclass(frozen=True)
@@ -89,18 +90,18 @@ def store_settings(config: MedicConfig) -> StoreSettings:
     raw_url = table.get("url", default_url(config.paths.state_dir))
     if not isinstance(raw_url, str):
         raise ConfigError(
-            config.source, "store.url", f"expected a string, got {raw_url!r}", "quote the URL"
+            config.source, "store.url", f"expected a string, got {shown(raw_url)}", "quote the URL"
         )
     try:
         parse_url(raw_url)
     except BadStoreURL as exc:
         raise ConfigError(config.source, "store.url", exc.problem, exc.fix) from None
     days = table.get("event_retention_days", DEFAULT_EVENT_RETENTION_DAYS)
-    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+    if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= MAX_RETENTION_DAYS:
         raise ConfigError(
             config.source,
             "store.event_retention_days",
-            f"expected a whole number of days >= 1, got {days!r}",
+            f"expected a whole number of days from 1 to {MAX_RETENTION_DAYS}, got {shown(days)}",
             f"give a number such as {DEFAULT_EVENT_RETENTION_DAYS}",
         )
     pool = table.get("pool", DEFAULT_POOL)
@@ -108,7 +109,7 @@ def store_settings(config: MedicConfig) -> StoreSettings:
         raise ConfigError(
             config.source,
             "store.pool",
-            f"expected one of {', '.join(POOLS)}, got {pool!r}",
+            f"expected one of {', '.join(POOLS)}, got {shown(pool)}",
             'use "queue" (connections kept, the default) or "null" (behind pgbouncer in'
             " transaction mode)",
         )
@@ -117,7 +118,7 @@ def store_settings(config: MedicConfig) -> StoreSettings:
         raise ConfigError(
             config.source,
             "store.pool_size",
-            f"expected a whole number from 1 to {MAX_POOL_SIZE}, got {size!r}",
+            f"expected a whole number from 1 to {MAX_POOL_SIZE}, got {shown(size)}",
             f"give a number such as {DEFAULT_POOL_SIZE}",
         )
     return StoreSettings(url=raw_url, event_retention_days=days, pool=pool, pool_size=size)

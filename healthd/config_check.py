@@ -1,0 +1,129 @@
+"""The one validator of medic.toml: `medic config check`, the daemon's start and every reload
+(SIGHUP) run it, so a file one of them accepts the others accept too.
+
+It parses every table (each with its own rules: types, ranges and units, choices, unknown
+keys; see medic_core.typed_config) and then checks what only this host can tell: every argv
+this node runs (the ladder's repair commands, the isolation command, site command checks)
+starts with an absolute path to an executable file that exists. The sweep's probe is left
+alone: srun runs it on the swept node, whose files this host cannot see.
+
+Every problem is one ConfigError line (file, key, problem, fix); `validate_config` raises
+the first carrying the rest (ConfigError.lines()), never another exception.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from healthd.checks import load_check_configs
+from healthd.checks.base import CheckConfig
+from healthd.checks.command import CommandCheckConfig
+from medic_core.config import ConfigError, MedicConfig, shown
+from medic_core.settings import (
+    BurnInSettings,
+    DaemonSettings,
+    HookSettings,
+    IsolationSettings,
+    RemediationSettings,
+    SpareSettings,
+    SweepSettings,
+    WebhookSettings,
+)
+from medic_core.store import store_settings
+
+SLURM_KEYS = ("conf",)
+
+
+def program_problems(argv: tuple[str, ...]) -> Iterator[tuple[str, str]]:
+    """(problem, fix) when argv's program is not an absolute path to an executable file
+    that exists on this host (the daemon's PATH is not an operator's shell's)."""
+    if not argv or not argv[0]:
+        return  # the table's own rules name an empty argv
+    program = argv[0]
+    if not program.startswith("/"):
+        yield (
+            f"program {shown(program)} is not an absolute path",
+            "give its full path (the daemon's PATH is not your shell's)",
+        )
+        return
+    try:
+        st = os.stat(program)
+    except FileNotFoundError:
+        yield f"program {program} does not exist", "install it or give the path where it is"
+        return
+    except OSError as exc:  # a directory on the way this process may not search, a loop
+        yield f"program {program}: {exc.strerror or exc}", "give a path root can reach"
+        return
+    if not stat.S_ISREG(st.st_mode):
+        yield f"program {program} is not a file", "give the path of the program itself"
+    elif not os.access(program, os.X_OK):
+        yield f"program {program} is not executable", f"chmod +x {program}, or fix the path"
+
+
+def _slurm_and_lab(config: MedicConfig) -> Iterator[ConfigError]:
+    for key, value in config.table("slurm").items():
+        if key not in SLURM_KEYS:
+            yield ConfigError(config.source, f"slurm.{key}", "unknown key", "use conf")
+        elif not isinstance(value, str) or not value.startswith("/"):
+            yield ConfigError(
+                config.source, "slurm.conf", f"expected an absolute path, got {shown(value)}",
+                'give the path of slurm.conf, e.g. "/etc/slurm/slurm.conf"',
+            )  # fmt: skip
+    for key in config.table("lab"):
+        yield ConfigError(
+            config.source, f"lab.{key}", "unknown key", "nothing reads [lab]: remove it"
+        )
+
+
+def config_problems(config: MedicConfig) -> list[ConfigError]:
+    """Every problem of `config`, one line each, in the file's order of tables (empty: good)."""
+    problems: list[ConfigError] = []
+
+    def parsed(parse: Callable[[], Any]) -> Any:
+        try:
+            return parse()
+        except ConfigError as exc:
+            problems.extend([exc, *exc.others])
+            return None
+
+    def programs(prefix: str, **argvs: tuple[str, ...]) -> None:
+        for key, argv in argvs.items():
+            for problem, fix in program_problems(argv):
+                problems.append(ConfigError(config.source, f"{prefix}.{key}", problem, fix))
+
+    parsed(lambda: DaemonSettings.from_config(config))
+    parsed(lambda: HookSettings.from_config(config))
+    remediation = parsed(lambda: RemediationSettings.from_config(config))
+    if remediation is not None:
+        programs(
+            "remediation", gpu_reset=remediation.gpu_reset, driver_reload=remediation.driver_reload
+        )
+    isolation = parsed(lambda: IsolationSettings.from_config(config))
+    if isolation is not None and (isolation.enabled or isolation.apply):
+        programs("remediation.isolation", apply=isolation.apply)
+    parsed(lambda: SpareSettings.from_config(config))
+    parsed(lambda: BurnInSettings.from_config(config))
+    parsed(lambda: SweepSettings.from_config(config))
+    parsed(lambda: WebhookSettings.from_config(config))
+    parsed(lambda: store_settings(config))
+    problems.extend(_slurm_and_lab(config))
+    checks: Mapping[str, CheckConfig] | None = parsed(lambda: load_check_configs(config))
+    for name, check in (checks or {}).items():
+        if isinstance(check, CommandCheckConfig) and check.enabled:
+            programs(f"checks.{name}", argv=check.argv)
+    unique: dict[str, ConfigError] = {}
+    for problem in problems:  # the checks' loader reads [healthd] too: its problems once
+        unique.setdefault(str(problem), problem)
+    return list(unique.values())
+
+
+def validate_config(config: MedicConfig) -> dict[str, CheckConfig]:
+    """Every check's config when `config` is good; else ConfigError: the first problem,
+    carrying the others (`lines()`)."""
+    problems = config_problems(config)
+    if problems:
+        raise ConfigError.of(problems)
+    return load_check_configs(config)
