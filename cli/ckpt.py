@@ -69,13 +69,16 @@ def commit(root: Path | None, src: Path, step: int, move: bool) -> None:
     help="Seconds after which an unfinished temporary directory is abandoned.",
 )
 def prune(root: Path | None, keep: int, stale_after: float) -> None:
-    """Remove old and torn checkpoints; the newest --keep complete ones stay."""
+    """Remove old and torn checkpoints; the newest --keep complete ones stay. Prints each
+    path removed, and each kept with why (a symlink, a file another user owns: never
+    removed, also by root)."""
     try:
-        removed = _open(root).prune(keep, stale_after=stale_after)
+        done = _open(root).prune_report(keep, stale_after=stale_after)
     except CheckpointError as exc:
         raise click.ClickException(str(exc)) from None
-    for path in removed:
-        click.echo(f"removed {path}")
+    why: dict[Path, str | None] = {path: None for path in done.removed} | dict(done.kept)
+    for path in sorted(why):
+        click.echo(f"removed {path}" if why[path] is None else f"kept {path}: {why[path]}")
 
 
 @ckpt.command()

@@ -36,11 +36,12 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from medic_core import heartbeat
+from medic_core.user_files import MANIFEST_LIMIT, SMALL_LIMIT, UnsafeFile, UserDir
 
 DIR_ENV = "MEDIC_CHECKPOINT_DIR"
 RESTART_ENV = "SLURM_RESTART_COUNT"  # absent on a job's first run
@@ -64,6 +65,7 @@ LEDGER = ".medic-ledger.jsonl"
 LEDGER_TAG = '{"medic_ledger":1,'
 COMMIT, RESUME = "commit", "resume"
 _LATEST_TIME = 1e11  # seconds since the epoch (the year 5138): a ledger time past it is no time
+LEDGER_LIMIT = 64 << 20  # bytes of ledger read (~400,000 commits)
 
 
 class CheckpointError(RuntimeError):
@@ -251,6 +253,14 @@ def _inside(name: str) -> bool:
     """A manifest's file name that stays inside the checkpoint: relative, no `..`, no NUL."""
     parts = name.split("/")
     return bool(name) and not name.startswith("/") and "\0" not in name and ".." not in parts
+
+
+@dataclass
+class Pruned:
+    """What `prune_report` did: paths removed, and paths kept with why."""
+
+    removed: list[Path] = field(default_factory=list)
+    kept: list[tuple[Path, str]] = field(default_factory=list)
 
 
 class CheckpointDir:
@@ -509,12 +519,25 @@ class CheckpointDir:
 
     def load(self, path: Path, *, verify_hashes: bool = False) -> Checkpoint | None:
         """The checkpoint at `path`, or None when it is incomplete or does not match its
-        manifest. Sizes are always checked; hashes only with `verify_hashes`."""
+        manifest. Sizes are always checked; hashes only with `verify_hashes`. Its manifest
+        and files are opened as medic_core.user_files opens a user's files (root reads
+        them for `medic report`): no symlink followed, no FIFO waited on, only regular files
+        of the directory's owner, the manifest at most MANIFEST_LIMIT bytes."""
         match = _STEP_DIR.fullmatch(path.name)
-        if match is None or not path.is_dir():
+        if match is None:
             return None
         try:
-            raw = json.loads((path / MANIFEST).read_text())
+            with UserDir.open(path.parent) as top, top.subdir(path.name) as step_dir:
+                return self._load_from(step_dir, path, int(match.group(1)), verify_hashes)
+        except UnsafeFile:
+            return None
+
+    @staticmethod
+    def _load_from(
+        step_dir: UserDir, path: Path, step_named: int, verify_hashes: bool
+    ) -> Checkpoint | None:
+        try:
+            raw = json.loads(step_dir.read(MANIFEST, limit=MANIFEST_LIMIT))
             step = int(raw["step"])
             entries = {
                 name: FileEntry(int(e["size"]), e.get("sha256")) for name, e in raw["files"].items()
@@ -529,7 +552,6 @@ class CheckpointDir:
                 started=_float_or_none(raw.get("started")),
             )
         except (
-            OSError,
             ValueError,
             KeyError,
             TypeError,
@@ -538,19 +560,20 @@ class CheckpointDir:
             RecursionError,
         ):
             return None
-        if step != int(match.group(1)):
+        if step != step_named:
             return None
         for name, entry in entries.items():
             if not _inside(name):  # a manifest names its own files, nothing outside them
                 return None
-            file = path / name
-            try:
-                if not file.is_file() or file.stat().st_size != entry.size:
+            with step_dir.opened(name) as (fd, st):
+                if st.st_size != entry.size:
                     return None
-            except OSError:
-                return None
-            if verify_hashes and entry.sha256 and _sha256(file) != entry.sha256:
-                return None
+                if verify_hashes and entry.sha256:
+                    digest = hashlib.sha256()
+                    for chunk in step_dir.chunks(fd, path / name):
+                        digest.update(chunk)
+                    if digest.hexdigest() != entry.sha256:
+                        return None
         return checkpoint
 
     def checkpoints(self, *, verify_hashes: bool = False) -> list[Checkpoint]:
@@ -581,6 +604,8 @@ class CheckpointDir:
         job_id = self._env.get(JOB_ENV, "")
         if restarts < 1 or not job_id or "/" in job_id or not self.root.is_dir():
             return
+        if os.geteuid() == 0 and self.root.stat().st_uid != 0:
+            return  # root looking into a user's directory writes nothing there
         now = time.time()
         step = found.step if found else None
         mark = {"job_id": job_id, "restart_count": restarts, "time": now, "step": step}
@@ -595,22 +620,14 @@ class CheckpointDir:
         self._append_ledger(LedgerRecord(RESUME, now, step, job_id, restarts))
 
     def ledger(self) -> list[LedgerRecord]:
-        """The ledger's records, oldest first ([] without one). Read without following a
-        symlink; unreadable: [] (the report then falls back to manifests and marks)."""
+        """The ledger's records, oldest first ([] without one). Read as a user's file
+        (medic_core.user_files: no symlink, no FIFO, the owner's, at most LEDGER_LIMIT
+        bytes); unreadable: [] (the report then falls back to manifests and marks)."""
         try:
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-            fd = os.open(self.root / LEDGER, flags)
-        except OSError:
+            with UserDir.open(self.root) as top:
+                data = top.read(LEDGER, limit=LEDGER_LIMIT)
+        except UnsafeFile:
             return []
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return []
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                data = f.read()
-        except OSError:
-            return []
-        finally:
-            os.close(fd)
         return parse_ledger(data)
 
     def history(self) -> tuple[list[LedgerRecord], list[LedgerRecord]]:
@@ -637,26 +654,37 @@ class CheckpointDir:
 
     def resumes(self) -> list[Resume]:
         """The resume marks of restarted runs, oldest first; unreadable ones are skipped."""
-        if not self.root.is_dir():
+        try:
+            top = UserDir.open(self.root)
+        except UnsafeFile:
             return []
         found = []
-        for path in self.root.iterdir():
-            if not _RESUME_FILE.fullmatch(path.name):
-                continue
+        with top:
             try:
-                raw = json.loads(path.read_text())
-                step = raw.get("step")
-                found.append(
-                    Resume(
-                        job_id=str(raw["job_id"]),
-                        restart_count=int(raw["restart_count"]),
-                        time=float(raw["time"]),
-                        step=None if step is None else int(step),
-                    )
-                )
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                continue
+                names = top.names()
+            except UnsafeFile:
+                return []
+            for name in names:
+                if _RESUME_FILE.fullmatch(name):
+                    found += self._resume_mark(top, name)
         return sorted(found, key=lambda r: r.time)
+
+    @staticmethod
+    def _resume_mark(top: UserDir, name: str) -> list[Resume]:
+        """The mark file `name` (read as a user's file), or [] when it is not one."""
+        try:
+            raw = json.loads(top.read(name, limit=SMALL_LIMIT))
+            step = raw.get("step")
+            return [
+                Resume(
+                    job_id=str(raw["job_id"]),
+                    restart_count=int(raw["restart_count"]),
+                    time=float(raw["time"]),
+                    step=None if step is None else int(step),
+                )
+            ]
+        except (UnsafeFile, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return []
 
     def resume_step(self) -> int | None:
         """The step of the newest complete checkpoint: a job resumes after it; None: start."""
@@ -675,33 +703,53 @@ class CheckpointDir:
     def prune(self, keep: int = 2, *, stale_after: float = STALE_AFTER) -> list[Path]:
         """Remove all but the `keep` newest complete checkpoints, `step-*` directories that
         are not complete, and temporary directories left by a writer that died (its PID is
-        gone on this host) or idle for `stale_after` seconds. Returns what was removed."""
+        gone on this host) or idle for `stale_after` seconds. Returns what was removed
+        (`prune_report` also says what was kept and why)."""
+        return self.prune_report(keep, stale_after=stale_after).removed
+
+    def prune_report(self, keep: int = 2, *, stale_after: float = STALE_AFTER) -> Pruned:
+        """`prune`, saying what it did: each path it removed, and each it would have removed
+        but kept, with why. A path is removed only once it and everything in it is verified
+        (medic_core.user_files.UserDir.remove_tree: a real directory, nothing in it owned by
+        anyone but the directory's owner, a symlink never followed): root pruning a user's
+        directory removes nothing the user could not have removed."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise CheckpointError(
                 f"prune keep={keep!r} in {self.root}: keep at least 1 (the latest complete "
                 "checkpoint is never removed)"
             )
+        report = Pruned()
         if not self.root.is_dir():
-            return []
+            return report
         complete = {c.path for c in self.checkpoints()}
         ordered = [p for p in self._step_dirs() if p in complete]
         doomed = [p for p in self._step_dirs() if p not in complete]
         doomed += ordered[:-keep]
         doomed += [p for p in self.root.iterdir() if self._abandoned(p, stale_after)]
-        for path in doomed:
-            # Rename first, so a reader never sees a half-deleted step-* directory.
-            trash = self.root / f"{TRASH_PREFIX}{path.name}.{secrets.token_hex(4)}"
-            with contextlib.suppress(FileNotFoundError):
-                path.rename(trash)
-                shutil.rmtree(trash, ignore_errors=True)
-        return sorted(doomed)
+        try:
+            top = UserDir.open(self.root)
+        except UnsafeFile as exc:
+            report.kept += [(path, exc.why) for path in sorted(doomed)]
+            return report
+        with top:
+            for path in sorted(doomed):
+                try:
+                    # Renamed first, so a reader never sees a half-deleted step-* directory.
+                    top.remove_tree(path.name, TRASH_PREFIX)
+                except UnsafeFile as exc:
+                    if not path.is_symlink() and not path.exists():
+                        continue  # gone already (another prune)
+                    report.kept.append((path, exc.why))
+                else:
+                    report.removed.append(path)
+        return report
 
     @staticmethod
     def _abandoned(path: Path, stale_after: float) -> bool:
         if not path.name.startswith(TMP_PREFIX):
             return False
-        if path.name.startswith(TRASH_PREFIX):
-            return True
+        if path.name.startswith(TRASH_PREFIX) or path.is_symlink():
+            return True  # a symlink is never walked (it may lead to /): prune says it kept it
         match = _TMP_DIR.fullmatch(path.name)
         if match and match.group(2) == _host() and not _pid_alive(int(match.group(3))):
             return True
