@@ -39,6 +39,7 @@ from healthd.jobs import SpoolJobState
 from healthd.kmsg_watch import KmsgWatcher
 from healthd.ladder_thread import LadderThread, attach_ladder, keep_in_journal
 from healthd.launch_gate import LaunchGate
+from healthd.link_watch import Judged, LinkWatch
 from healthd.metrics import DaemonMetrics
 from healthd.results import SEVERITY_OF, merge_by_target
 from healthd.runner import Runner, RunnerBusy, RunReport
@@ -124,6 +125,7 @@ class HealthDaemon:
         self._busy_since: float | None = None  # the runner was busy when checks were due
         self.runner: Runner | None = None
         self.kmsg: KmsgWatcher | None = None
+        self.links: LinkWatch | None = None
         # Called (on its own thread) with the results that just turned CRITICAL.
         self.on_fault: Callable[[list[Result]], None] | None = None
         # The remediation ladder's thread (attached by build_daemon when Slurm is at hand).
@@ -559,6 +561,20 @@ class HealthDaemon:
             evidence=dict(result.evidence),
         )
 
+    def ports_judged(self) -> Judged | None:
+        """The InfiniBand ports the `ib` check's latest run judged, and those it held down
+        or could not read (None: it has not run)."""
+        latest = self.latest("ib")
+        if latest is None:
+            return None
+        ports = frozenset(r.target for r in latest[1] if r.target and "/" in r.target)
+        down = frozenset(
+            r.target
+            for r in latest[1]
+            if r.target in ports and r.fault_class in ("ib.port.down", "check.read_error")
+        )
+        return Judged(ports, down)
+
     def wake_checks(self, names: Iterable[str]) -> None:
         """The XID listener or the kernel log saw something: run these checks at once."""
         now = time.monotonic()
@@ -691,6 +707,7 @@ def build_daemon(config: MedicConfig) -> HealthDaemon:
         ctx = gpu.extend(ctx)
     daemon = HealthDaemon(config, store, ctx, gpu)
     daemon.kmsg = KmsgWatcher(config.paths.host_root / "dev" / "kmsg", daemon.wake_checks)
+    daemon.links = LinkWatch(config.paths.host_root, daemon.wake_checks, judged=daemon.ports_judged)
     daemon.attach(attach_ladder(daemon))
     return daemon
 
@@ -752,6 +769,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if daemon.kmsg is not None:
         daemon.kmsg.start()
+    if daemon.links is not None:
+        daemon.links.start()
     if daemon.ladder is not None:  # also continues an episode a restart interrupted
         daemon.ladder.start()
     period = sdnotify.watchdog_period()  # None: not run by systemd with WatchdogSec
@@ -772,6 +791,8 @@ def main(argv: list[str] | None = None) -> int:
         sdnotify.notify("STOPPING=1")
         if daemon.kmsg is not None:
             daemon.kmsg.stop()
+        if daemon.links is not None:
+            daemon.links.stop()
         server.shutdown()
         server.server_close()
         config.paths.socket.unlink(missing_ok=True)

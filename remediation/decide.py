@@ -226,6 +226,9 @@ class FaultFacts:
     open_episode: int | None = None  # the node's open episode, joined by any new fault
     handed_over: int | None = None  # the same fault's episode just closed (human, RMA)
     lemon: str = ""  # why the faulty part is a lemon (remediation.policy.LemonScore), "" if not
+    # Why the part is latched (remediation.policy.StrikeScore: it came back by itself too
+    # often), "" if not: a standing fault, the node kept out for a human.
+    strikes: str = ""
     enabled: bool = True  # [remediation] enabled
     requeue_resilient: bool = True  # [hooks] requeue_resilient
     first_rung: Mapping[str, str] = field(default_factory=dict)  # [remediation] first_rung
@@ -351,6 +354,8 @@ def decide_fault(findings: Sequence[Finding], facts: FaultFacts) -> FaultDecisio
         state, why = WAITING_IDLE, f"starts at {rung.word}" if rung else ""
         if not facts.enabled:
             state, why = NEEDS_HUMAN, "remediation disabled in [remediation] enabled"
+        elif facts.strikes:
+            state, why = NEEDS_HUMAN, f"latched, a standing fault: {facts.strikes}"
         elif rec is Recommendation.RECHECK:  # a link that may come back: re-check it
             state, why = VERIFYING, "re-checked until it recovers, then a human"
         elif rung is None:

@@ -55,9 +55,18 @@ from remediation.decide import (
 )
 from remediation.isolation import APPLIED, INTENT, RESTORED, RESTORING, gres_count, recorded
 from remediation.isolator import IsolationError, Isolator
-from remediation.policy import LemonEpisode, LemonScore, Rung, after_failure, fault_family
+from remediation.policy import (
+    LemonEpisode,
+    LemonScore,
+    Rung,
+    StrikeScore,
+    after_failure,
+    fault_family,
+)
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from remediation.tickets import NodeRails
 
 log = logging.getLogger("medic.remediation")
@@ -136,6 +145,9 @@ class Ladder:
     # `[remediation.burn_in]`, read at each use (set by the daemon): the verification after a
     # reboot rung, of a failed burn-in's episode and of a node back from RMA adds its checks.
     burn_in: Callable[[], BurnInSettings] | None = None
+    # The node's state dir (set by the daemon), where a burn-in pass is mirrored for the
+    # prolog without the daemon (remediation/burn_in_marker.py).
+    burn_in_state_dir: Callable[[], Path] | None = None
     # Single-GPU isolation (remediation.isolator), `[remediation.isolation]` read at each use
     # (set by the daemon). A GPU-reset episode whose fault policy allows takes the GPU out of
     # the node's GRES once the node is idle (the node serves jobs on the others while the GPU
@@ -276,6 +288,7 @@ class Ladder:
         )
         control = self.store.control()
         lemon = self.lemon_score(first)
+        strikes = self.strike_score(first) if current is None and handed is None else None
         return FaultFacts(
             node=self.node,
             slurm=slurm,
@@ -292,6 +305,7 @@ class Ladder:
             open_episode=current.id if current is not None else None,
             handed_over=handed.id if handed is not None else None,
             lemon=lemon.why() if lemon.is_lemon else "",
+            strikes=strikes.why() if strikes is not None and strikes.latched else "",
             enabled=self.settings.enabled,
             requeue_resilient=requeue_resilient,
             first_rung=self.settings.first_rung,
@@ -425,6 +439,19 @@ class Ladder:
             episodes_limit=self.settings.lemon_episodes,
             failed_limit=self.settings.lemon_failed_requalifications,
             days=days,
+        )
+
+    def strike_score(self, finding: Finding) -> StrikeScore:
+        """The strike rule (remediation.policy.StrikeScore) for `finding` about to be
+        admitted: the node's episodes of the same part and family that came back by
+        themselves within the rule's window."""
+        since = self.store.now() - dt.timedelta(days=1)  # every rule's window is shorter
+        history = [lemon_episode(e) for e in self.store.find(node=self.node, since=since)]
+        return StrikeScore.of(
+            component_of(finding),
+            fault_family(finding.fault_class),
+            history,
+            now=self.store.now(),
         )
 
     # ---- progress ----------------------------------------------------------------------
@@ -868,7 +895,8 @@ class Ladder:
         if checks:
             from remediation.burn_in_record import record_pass
 
-            record_pass(self.store.store, self.node, reason, checks)
+            state_dir = self.burn_in_state_dir() if self.burn_in_state_dir else None
+            record_pass(self.store.store, self.node, reason, checks, state_dir)
 
     def _escalate(self, episode: ep.Episode, why: str, *, skip: bool = False) -> ep.Episode:
         """`skip`: the rung does not apply (no attempt of it can help): the next one."""
@@ -1041,6 +1069,7 @@ def lemon_episode(episode: ep.Episode) -> LemonEpisode:
         failed_requalifications=episode.failed_requalifications,
         closed_by_human=episode.state == ep.CLOSED,
         ticketed=episode.ticket_id is not None,
+        resolved=episode.state == ep.RESOLVED,
     )
 
 

@@ -216,6 +216,7 @@ class LemonEpisode:
     failed_requalifications: int = 0
     closed_by_human: bool = False  # `medic episode close`: a human judged it (no fault)
     ticketed: bool = False  # it ended in an RMA ticket: the part went back (or was judged)
+    resolved: bool = False  # it closed with the node given back (by itself or repaired)
 
 
 @dataclass(frozen=True)
@@ -310,3 +311,79 @@ def fleet_signature(nodes_by_fault: Mapping[str, Iterable[str]], threshold: int)
     if worst is not None and worst[1] >= threshold:
         return worst[0]
     return None
+
+
+# --- strikes: a part that keeps coming back by itself -----------------------------------------
+
+
+@dataclass(frozen=True)
+class StrikeRule:
+    """`count` faults of one part and family within `window` seconds, each of which came
+    back with no repair, make the next one a standing fault: the node stays out for a
+    human instead of being re-checked and given back again (Azure's healthagent "strikes":
+    a link that flaps 3 times in 3 hours is a failure)."""
+
+    count: int
+    window: float
+
+    def words(self) -> str:
+        hours = self.window / 3600
+        return (
+            f"{self.count} within {hours:g} h"
+            if hours >= 1
+            else f"{self.count} within {self.window:g} s"
+        )
+
+
+# Per fault family, as data: a family without a rule never latches (a repaired fault is the
+# lemon rule's to count).
+STRIKE_RULES: Mapping[str, StrikeRule] = {
+    LINK: StrikeRule(3, 3 * 3600.0),
+    GPU_NVLINK: StrikeRule(3, 3 * 3600.0),
+}
+
+
+@dataclass(frozen=True)
+class StrikeScore:
+    """The strike rule for one fault about to be admitted: the episodes of the same part and
+    family within the rule's window that came back by themselves (no repair step, resolved,
+    not closed by a human), this one included."""
+
+    flaps: int
+    rule: StrikeRule | None
+    component: Component = HOST
+    family: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        component: Component,
+        family: str,
+        history: Iterable[LemonEpisode],
+        *,
+        now: dt.datetime,
+        rules: Mapping[str, StrikeRule] = STRIKE_RULES,
+    ) -> StrikeScore:
+        rule = rules.get(family)
+        if rule is None:
+            return cls(1, None, component, family)
+        since = now - dt.timedelta(seconds=rule.window)
+        came_back = [
+            e
+            for e in history
+            if same_part(e.component, component)
+            and e.family == family
+            and e.opened_at >= since
+            and e.resolved
+            and not e.repaired
+            and not e.closed_by_human
+        ]
+        return cls(len(came_back) + 1, rule, component, family)
+
+    @property
+    def latched(self) -> bool:
+        return self.rule is not None and self.flaps >= self.rule.count
+
+    def why(self) -> str:
+        rule = f" (strikes: {self.rule.words()})" if self.rule is not None else ""
+        return f"{self.flaps} {self.family} faults of {part_name(self.component)}{rule}"
