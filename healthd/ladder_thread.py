@@ -603,8 +603,12 @@ def attach_burn_in(daemon: LadderDaemon, ladder: Ladder, thread: LadderThread) -
     def settings() -> BurnInSettings:
         return BurnInSettings.from_config(daemon.config)
 
+    def state_dir() -> Path:
+        return daemon.config.paths.state_dir
+
     ladder.burn_in = settings
-    thread.burn_in = BurnInRunner(ladder, settings)
+    ladder.burn_in_state_dir = state_dir
+    thread.burn_in = BurnInRunner(ladder, settings, state_dir=state_dir)
 
 
 def attach_isolation(daemon: LadderDaemon, ladder: Ladder) -> None:

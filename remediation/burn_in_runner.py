@@ -14,6 +14,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from medic_core.drain_book import BURN_IN as BURN_IN_ACTOR
 from medic_core.drain_reason import (
@@ -27,7 +28,7 @@ from medic_core.slurm import SlurmError
 from medic_core.status import Status
 from medic_core.vocabulary import Finding
 from remediation import burn_in as bi
-from remediation.burn_in_record import read_record, write_record
+from remediation.burn_in_record import mirror, read_record, write_record
 from remediation.decide import NodeFacts
 from remediation.ladder import Ladder
 
@@ -44,8 +45,12 @@ class BurnInRunner:
         *,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        state_dir: Callable[[], Path] | None = None,
     ) -> None:
         self.ladder = ladder
+        # The node's state dir (read at each use: a reload may move it), where the record's
+        # pass is mirrored for the prolog without the daemon (remediation/burn_in_marker.py).
+        self.state_dir = state_dir
         self.node = ladder.node
         self.store = ladder.store.store
         self.settings = settings
@@ -62,7 +67,14 @@ class BurnInRunner:
         return read_record(self.store, self.node)
 
     def write(self, record: bi.Record, message: str) -> None:
-        write_record(self.store, self.node, record, message, self.now())
+        state_dir = self.state_dir() if self.state_dir is not None else None
+        write_record(self.store, self.node, record, message, self.now(), state_dir)
+
+    def mirror(self) -> None:
+        """The pass file brought in line with the record (the daemon's start): a node that
+        passed before the file existed gets it, one whose record is gone loses it."""
+        if self.state_dir is not None:
+            mirror(self.state_dir(), self.node, self.record(), keep=True)
 
     def _passed_before(self, checks: Sequence[str]) -> bool:
         if not checks:
@@ -125,8 +137,10 @@ class BurnInRunner:
         """Only the drain, at once: the daemon calls it before it tells systemd it is ready,
         and systemd starts slurmd after that (Before=slurmd.service), so a node never burnt
         in is out of service before Slurm can place a job on it. Never runs the checks
-        (they take minutes: the ladder's thread does). True when it drained."""
+        (they take minutes: the ladder's thread does). True when it drained. The pass file
+        is brought in line with the record first."""
         settings = self.settings()
+        self.mirror()
         try:
             if (
                 self._off(settings)

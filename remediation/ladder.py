@@ -65,6 +65,8 @@ from remediation.policy import (
 )
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from remediation.tickets import NodeRails
 
 log = logging.getLogger("medic.remediation")
@@ -143,6 +145,9 @@ class Ladder:
     # `[remediation.burn_in]`, read at each use (set by the daemon): the verification after a
     # reboot rung, of a failed burn-in's episode and of a node back from RMA adds its checks.
     burn_in: Callable[[], BurnInSettings] | None = None
+    # The node's state dir (set by the daemon), where a burn-in pass is mirrored for the
+    # prolog without the daemon (remediation/burn_in_marker.py).
+    burn_in_state_dir: Callable[[], Path] | None = None
     # Single-GPU isolation (remediation.isolator), `[remediation.isolation]` read at each use
     # (set by the daemon). A GPU-reset episode whose fault policy allows takes the GPU out of
     # the node's GRES once the node is idle (the node serves jobs on the others while the GPU
@@ -890,7 +895,8 @@ class Ladder:
         if checks:
             from remediation.burn_in_record import record_pass
 
-            record_pass(self.store.store, self.node, reason, checks)
+            state_dir = self.burn_in_state_dir() if self.burn_in_state_dir else None
+            record_pass(self.store.store, self.node, reason, checks, state_dir)
 
     def _escalate(self, episode: ep.Episode, why: str, *, skip: bool = False) -> ep.Episode:
         """`skip`: the rung does not apply (no attempt of it can help): the next one."""

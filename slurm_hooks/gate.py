@@ -17,13 +17,17 @@ from typing import Any, NoReturn
 
 from healthd.inline import run_inline
 from medic_core.config import MedicConfig
-from medic_core.settings import HookSettings
+from medic_core.drain_reason import BURN_IN
+from medic_core.settings import BurnInSettings, HookSettings
 from medic_core.status import Status
-from medic_core.vocabulary import Finding, Verdict
+from medic_core.vocabulary import Finding, Recommendation, Verdict
 from remediation.actions import record_gate, refuse_launch
+from remediation.burn_in_marker import refusal
 from remediation.decide import GateDecision
 from remediation.decide import decide_launch as decide
 
+# remediation.burn_in.CONDITION, spelt out: that module costs the prolog ~7 ms to import.
+BURN_IN_CONDITION = "burn_in"
 ACTIONS_GRACE = 0.3  # seconds past the deadline for recording and the refusal's actions
 
 
@@ -45,6 +49,21 @@ def finish_by(deadline: float, work: dict[str, Callable[[], None]]) -> list[str]
     return left
 
 
+def burn_in_refusal(config: MedicConfig) -> Finding | None:
+    """With `[remediation.burn_in] new_node` on, a node whose state dir holds no burn-in
+    pass of its own (remediation/burn_in_marker.py) takes no job without its daemon: the
+    finding is Medic's burn-in drain, which the daemon, once it runs, burns in and gives
+    back. Burn-in off: nothing is read. A pass file that does not read is no pass."""
+    checks = BurnInSettings.from_config(config).new_node
+    if not checks:
+        return None
+    why = refusal(config.paths.state_dir, config.node_name)
+    if why is None:
+        return None
+    message = f"not passed (new_node: {' '.join(checks)}): {why}"
+    return Finding(BURN_IN_CONDITION, Status.CRITICAL, BURN_IN, "", message, Recommendation.DRAIN)
+
+
 def exit_now(code: int) -> NoReturn:
     """End the process at once: interpreter shutdown would wait for (or finalise under) the
     threads left behind, an import of SQLAlchemy among them."""
@@ -62,9 +81,14 @@ def gate_slow_path(
 ) -> int:
     work: dict[str, Callable[[], None]] = {}
     if reply.get("allow") is None:  # no daemon: judge here, and record it ourselves
-        inline = run_inline(config, deadline - time.monotonic())
-        note = "; ".join(n for n in (str(reply.get("note", "")), inline.note) if n)
-        verdict = Verdict(inline.status, inline.findings, "inline", inline.seconds, note)
+        unburnt = burn_in_refusal(config)
+        if unburnt is not None:  # no check can stand in for the deep tier: not even run
+            note = str(reply.get("note", ""))
+            verdict = Verdict(Status.CRITICAL, (unburnt,), "prolog", 0.0, note)
+        else:
+            inline = run_inline(config, deadline - time.monotonic())
+            note = "; ".join(n for n in (str(reply.get("note", "")), inline.note) if n)
+            verdict = Verdict(inline.status, inline.findings, "inline", inline.seconds, note)
         decision = decide(verdict, settings)
         work["recording"] = lambda: record_gate(config, job_id, verdict, decision)
     else:  # the daemon decided (and recorded) a refusal: it stands, with its reasons

@@ -224,6 +224,10 @@ state_dir = "{tmp_path / "state"}"
 socket = "{tmp_path / "no-daemon.sock"}"
 [slurm]
 conf = "{tmp_path / "no-slurm.conf"}"
+# Burn-in off: these tests judge a node in service, not one never burnt in
+# (tests/test_burn_in_gate.py).
+[remediation.burn_in]
+new_node = []
 [hooks]
 release_held = false
 {extra}

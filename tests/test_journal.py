@@ -166,6 +166,10 @@ conf = "{tmp_path / "no-slurm.conf"}"
 url = "{store_url}"
 [healthd]
 gpus = "none"
+# Burn-in off: these tests judge a node in service, not one never burnt in
+# (tests/test_burn_in_gate.py).
+[remediation.burn_in]
+new_node = []
 [hooks]
 release_held = false
 """

@@ -79,6 +79,10 @@ socket = "{tmp_path / "healthd.sock"}"
 conf = "{tmp_path / "no-slurm.conf"}"
 [healthd]
 {healthd}
+# Burn-in off: these tests judge a node in service, not one never burnt in
+# (tests/test_burn_in_gate.py).
+[remediation.burn_in]
+new_node = []
 [hooks]
 release_held = false
 {hooks}
