@@ -269,6 +269,20 @@ class LadderThread:
         else:
             log.info("job %s: no spare handed: %s", job_id, handed.why)
 
+    def adopt(self) -> str:
+        """Slurm's own drain of this node, taken over if [remediation] adopt says so (the
+        HealthCheckProgram asks, having seen one: socket op "adopt"); what became of it.
+        A "Kill task failed" keeps the stuck tasks as evidence before the reboot."""
+        from healthd.stuck_tasks import stuck_tasks
+
+        evidence = {"stuck_tasks": stuck_tasks(self.daemon.ctx.roots.proc)}
+        with self.lock:
+            admission = self.ladder.adopt(evidence)
+        self.wake.set()
+        if admission is None or admission.episode is None:
+            return "not adopted"
+        return f"adopted: episode {admission.episode.id} {admission.episode.state}"
+
     def guard_launch(self, job_id: str) -> None:
         """A job about to start on this node (the launch gate, in its prolog): a handed
         spare refuses it now unless it is the run it was handed to (SparePool.guard_launch)."""

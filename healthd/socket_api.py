@@ -190,6 +190,10 @@ class SocketApi:
                     "rung": episode.rung,
                 }
             return reply
+        if op == "adopt":  # Slurm's own drain seen by the health check: the ladder decides
+            ladder = getattr(host, "ladder", None)
+            said = ladder.adopt() if ladder is not None else "not adopted: no ladder here"
+            return {"node": host.node, "adopt": said}
         if op == "event":  # the hooks' records (gate decisions, job summaries) go through us
             return self.gate.record_hook_event(request)
         if op == "job_summary":

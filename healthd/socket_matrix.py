@@ -187,6 +187,11 @@ MATRIX: dict[str, OpEntry] = {
     for e in (
         OpEntry("ping", "the lab harness (is the daemon up)", (Grant(EVERYONE),)),
         OpEntry("status", "the HealthCheckProgram (root)", (Grant(EVERYONE),)),
+        OpEntry(
+            "adopt",
+            "the HealthCheckProgram (root), having seen Slurm's own drain on the node",
+            (Grant(ROOT, rule="no fields: the daemon reads the node from Slurm itself"),),
+        ),
         OpEntry("metrics", "a scrape without the HTTP port (the benches)", (Grant(EVERYONE),)),
         OpEntry(
             "launch",

@@ -275,6 +275,11 @@ class RemediationSettings:
     idle_timeout: float = setting(
         3600.0, minimum=0, doc="seconds to wait for running jobs to leave before acting"
     )
+    adopt: tuple[str, ...] = setting(
+        ("kill_task_failed", "unexpected_reboot"),
+        doc="Slurm's own drains Medic takes over, repairs and gives back: kill_task_failed"
+        " (reboot), unexpected_reboot, not_responding (re-qualify)",
+    )
     gpu_reset_in_service: bool = setting(
         True,
         doc="a GPU's reset waits only for the jobs holding that GPU, not for the jobs on the"
@@ -315,6 +320,11 @@ class RemediationSettings:
     )
 
     def problems(self) -> Iterator[tuple[str, str, str]]:
+        known = ("kill_task_failed", "unexpected_reboot", "not_responding")
+        for name in self.adopt:
+            if name not in known:
+                yield ("adopt", f"{name!r} is not one of Slurm's drains Medic knows",
+                       f"use any of {', '.join(known)}")  # fmt: skip
         yield from argv_problems("gpu_reset", self.gpu_reset, ("gpu", "node"))
         yield from argv_problems("driver_reload", self.driver_reload, ("node",))
 

@@ -516,6 +516,63 @@ def cap_reason(
     return ""
 
 
+# --- Slurm's own drains, adopted ----------------------------------------------------------------
+
+# The reasons slurmctld itself puts on a node, as it stores them (22.05-26.05), and what each
+# becomes when Medic adopts it: its fault class, NVIDIA-style word and the `[remediation]
+# adopt` name that switches it on. "Kill task failed": a step's processes did not die within
+# UnkillableStepTimeout (a hung GPU or file system; only a reboot frees them). "Node
+# unexpectedly rebooted": it came back from a reboot nobody asked for (ReturnToService=1):
+# re-qualified (and burnt in per after_reboot) before it returns. "Not responding": slurmd
+# did not answer; once it does, re-qualified.
+SLURM_DRAINS: Mapping[str, tuple[str, str, Recommendation]] = {
+    "Kill task failed": ("kill_task_failed", "slurm.kill_task_failed", Recommendation.REBOOT),
+    "Node unexpectedly rebooted": (
+        "unexpected_reboot", "slurm.unexpected_reboot", Recommendation.RECHECK,
+    ),
+    "Not responding": ("not_responding", "slurm.not_responding", Recommendation.RECHECK),
+}  # fmt: skip
+ADOPTABLE = tuple(name for name, _, _ in SLURM_DRAINS.values())
+
+
+@dataclass(frozen=True)
+class AdoptDecision:
+    adopt: bool
+    why: str
+    finding: Finding | None = None  # the fault the adopted drain stands for
+
+
+def decide_adopt(
+    node: NodeFacts, *, enabled: Collection[str], open_episode: int | None
+) -> AdoptDecision:
+    """Whether Medic takes over the drain Slurm put on this node itself: only one of
+    SLURM_DRAINS, switched on in `enabled`, on a node no record of Medic's holds and no
+    episode of Medic's is about. From then on it is Medic's: recorded, repaired and given
+    back through the ladder like its own. An admin's drain, whatever its text, is never
+    one of Slurm's reasons and is never adopted; with the records unreachable Medic cannot
+    tell whose the drain is and leaves it."""
+    if not node.known or not (node.drained or node.down):
+        return AdoptDecision(False, "in service")
+    if node.recorded is None:
+        return AdoptDecision(False, "Medic's drain records are unreachable")
+    if node.recorded:
+        return AdoptDecision(False, "already Medic's drain")
+    if open_episode is not None:
+        return AdoptDecision(False, f"episode {open_episode} is open")
+    entry = SLURM_DRAINS.get(node.reason)
+    if entry is None:
+        return AdoptDecision(False, f"not one of Slurm's own drains: {node.reason!r}")
+    name, fault_class, rec = entry
+    if name not in enabled:
+        return AdoptDecision(False, f"[remediation] adopt leaves {name} to a human")
+    finding = Finding(
+        "slurm", Status.CRITICAL, fault_class, "",
+        f"Slurm put the node out ({node.reason!r}): adopted by Medic", rec,
+        evidence={"slurm_reason": node.reason, "adopted": name},
+    )  # fmt: skip
+    return AdoptDecision(True, f"adopts Slurm's {node.reason!r}", finding)
+
+
 # --- giving a node back ------------------------------------------------------------------------
 
 

@@ -49,6 +49,7 @@ from remediation.decide import (
     NodeFacts,
     Rails,
     cap_reason,
+    decide_adopt,
     decide_fault,
     decide_reset_beside_jobs,
     primary,
@@ -84,6 +85,7 @@ REBOOT_REFUSALS = 3
 REBOOT_REFUSED_RETRY = 60.0
 REFUSED = "slurm refused: "
 LONG_WAIT = "waited over"
+UNEXPECTED_REBOOT = "slurm.unexpected_reboot"  # an adopted drain: burnt in as after a reboot
 # A GPU reset beside running jobs (_reset_beside_jobs) asks Slurm for the GPU's holders every
 # tick for BESIDE_EAGER seconds after the episode last moved, then every BESIDE_EVERY seconds.
 BESIDE_EAGER = 60.0
@@ -440,6 +442,45 @@ class Ladder:
             failed_limit=self.settings.lemon_failed_requalifications,
             days=days,
         )
+
+    def adopt(self, evidence: Mapping[str, object] | None = None) -> Admission | None:
+        """Slurm's own drain of this node (remediation.decide.decide_adopt), taken over: the
+        drain recorded as Medic's (the reason exactly as Slurm shows it), then admitted as a
+        fault of its own, so the ladder repairs and gives it back like any of its drains.
+        `evidence`: what the daemon gathered of the node (the stuck tasks). None when
+        nothing was adopted."""
+        try:
+            info = self.slurm.node(self.node)
+        except SlurmError as exc:
+            log.warning("%s: cannot read Slurm to adopt its drain: %s", self.node, exc)
+            return None
+        if info is None:
+            return None
+        own = self.book.ownership(self.node, info)
+        facts = NodeFacts(True, info.drained, info.down, info.reason, own.recorded, own.held)
+        current = self.store.open_for(self.node)
+        decision = decide_adopt(
+            facts,
+            enabled=self.settings.adopt,
+            open_episode=current.id if current is not None else None,
+        )
+        if not decision.adopt or decision.finding is None:
+            log.info("%s: Slurm's drain not adopted: %s", self.node, decision.why)
+            return None
+        self.book.record_drain(
+            self.node, info.reason, actor=LADDER, note=f"adopted Slurm's {info.reason!r}"
+        )
+        finding = replace(
+            decision.finding, evidence={**decision.finding.evidence, **(evidence or {})}
+        )
+        admission = self.admit([finding])
+        self.host.event(
+            f"{decision.why}: {admission.decision.why or admission.decision.recommendation}",
+            severity="WARN",
+            fault_class=finding.fault_class,
+            target="",
+        )
+        return admission
 
     def strike_score(self, finding: Finding) -> StrikeScore:
         """The strike rule (remediation.policy.StrikeScore) for `finding` about to be
@@ -885,7 +926,7 @@ class Ladder:
             return "", ()
         from remediation.burn_in_record import ladder_checks
 
-        rebooted = any(
+        rebooted = episode.fault_class == UNEXPECTED_REBOOT or any(
             s.action == Rung.REBOOT.word and not s.output.startswith(REFUSED)
             for s in self.store.steps(episode.id)
         )

@@ -21,16 +21,20 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.settings import HookSettings
-from medic_core.slurm import SlurmClient
+from medic_core.slurm import NodeInfo, SlurmClient
+
+if TYPE_CHECKING:
+    from medic_core.drain_book import DrainBook
 
 
 @dataclass(frozen=True)
 class HealthCheckOutcome:
     daemon_up: bool
-    action: str  # "none", "drained", "resumed", "kept", "not_ours", "owned_by_ladder"
+    action: str  # "none", "drained", "resumed", "kept", "not_ours", "owned_by_ladder", "adopted"
     message: str
 
 
@@ -48,6 +52,28 @@ def remediation_owns(config: MedicConfig, node: str) -> str:
     if reply.get("rma_open"):
         return f"RMA ticket {reply['rma_open'][0]} is open"
     return ""
+
+
+def _adopt(
+    config: MedicConfig, info: NodeInfo | None, book: DrainBook
+) -> HealthCheckOutcome | None:
+    """Slurm's own drain on this node ("Kill task failed", ...: remediation.decide.SLURM_DRAINS)
+    with no record of Medic's: the daemon is asked to adopt it (it reads Slurm again and
+    decides); None when there is nothing of the kind."""
+    from medic_core.api import HealthdUnavailable, ask
+    from remediation.decide import SLURM_DRAINS
+
+    if info is None or not (info.drained or info.down) or info.reason not in SLURM_DRAINS:
+        return None
+    if book.ownership(config.node_name, info).recorded is not False:
+        return None  # Medic's already, or its records cannot tell
+    try:
+        reply = ask(config.paths.socket, {"op": "adopt"}, timeout=30.0)
+    except HealthdUnavailable as exc:
+        return HealthCheckOutcome(False, "kept", f"Slurm's {info.reason!r} not adopted: {exc}")
+    said = str(reply.get("adopt") or reply.get("error") or "no answer")
+    action = "adopted" if said.startswith("adopted") else "kept"
+    return HealthCheckOutcome(True, action, f"Slurm's {info.reason!r}: {said}")
 
 
 def health_check(
@@ -75,6 +101,9 @@ def health_check(
     down = "" if daemon_up else f" (medic-healthd unreachable: {verdict.note})"
     info = client.node(node)
     book = node_book(config)
+    adopted = _adopt(config, info, book) if daemon_up else None
+    if adopted is not None:
+        return adopted
     # The store is opened (the records read) only for a node Slurm shows drained.
     own = book.ownership(node, info) if info is not None and info.drained else None
     reason = info.reason if info is not None else ""

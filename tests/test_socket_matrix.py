@@ -61,6 +61,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "evidence": {"job_id": "10", "allow": True},
     },
     "check": {"op": "check", "checks": ["cpus"], "budget": 5},
+    "adopt": {"op": "adopt"},
 }  # fmt: skip
 
 # A peer that sends a list of requests, one connection each, and prints the raw replies.
