@@ -77,11 +77,12 @@ def as_nobody(socket_path: Path, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_check_is_roots_only_and_the_hooks_ops_answer_the_group(socket_path: Path) -> None:
-    assert sorted(ROOT_ONLY_OPS) == ["check"] and "check" in SOCKET_OPS
+    assert sorted(ROOT_ONLY_OPS) == ["adopt", "check"] and "check" in SOCKET_OPS
+    nobody = pwd.getpwnam("nobody").pw_uid
     refused = as_nobody(socket_path, {"op": "check", "tier": "deep", "budget": 3600})
-    assert refused == {
-        "error": f"check: permission denied for uid {pwd.getpwnam('nobody').pw_uid}: root only"
-    }
+    assert refused == {"error": f"check: permission denied for uid {nobody}: root only"}
+    adopt = as_nobody(socket_path, {"op": "adopt"})  # only the HealthCheckProgram (root)
+    assert adopt == {"error": f"adopt: permission denied for uid {nobody}: root only"}
     # What the hooks send still works for the group (the prolog as a non-root SlurmdUser).
     assert as_nobody(socket_path, {"op": "ping"})["node"] == "plain1"
     assert "results" in as_nobody(socket_path, {"op": "status"})
