@@ -126,6 +126,9 @@ class HealthDaemon:
         self.runner: Runner | None = None
         self.kmsg: KmsgWatcher | None = None
         self.links: LinkWatch | None = None
+        # Every watcher and the ladder started (main(), as READY=1 tells systemd): `ping`
+        # says so, and the lab waits for it before it injects a fault.
+        self.ready = False
         # Called (on its own thread) with the results that just turned CRITICAL.
         self.on_fault: Callable[[list[Result]], None] | None = None
         # The remediation ladder's thread (attached by build_daemon when Slurm is at hand).
@@ -776,6 +779,7 @@ def main(argv: list[str] | None = None) -> int:
     period = sdnotify.watchdog_period()  # None: not run by systemd with WatchdogSec
     watchdog = None if period is None else watch_progress(daemon, period)
     status = sdnotify.StatusReporter(daemon.status_line) if sdnotify.enabled() else None
+    daemon.ready = True
     sdnotify.notify("READY=1")
     if watchdog is not None:
         watchdog.start()

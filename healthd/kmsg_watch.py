@@ -80,11 +80,16 @@ class KmsgWatcher:
         self._stop = Wakeup()
         self._thread: threading.Thread | None = None
         self._last_wake: dict[str, float] = {}
+        self._armed = threading.Event()  # set once the follower took its place in the log
 
-    def start(self) -> None:
+    def start(self, armed_within: float = 2.0) -> None:
+        """Start following; returns once the follower holds its place in the log (a line
+        written after this is seen), or after `armed_within` seconds."""
         self._stop.clear()
+        self._armed.clear()
         self._thread = threading.Thread(target=self._main, name="kmsg-watch", daemon=True)
         self._thread.start()
+        self._armed.wait(armed_within)
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()
@@ -109,12 +114,14 @@ class KmsgWatcher:
                     self._follow_file()
             except OSError as exc:
                 log.debug("kernel log %s unreadable: %s", self.path, exc)
+            self._armed.set()  # nothing to hold a place in: start() need not wait
             self._stop.wait(self.tick * 10)  # the file vanished or errored: retry slowly
 
     def _follow_device(self) -> None:
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             os.lseek(fd, 0, os.SEEK_END)  # only what is logged from now on
+            self._armed.set()
             poller = select.poll()
             poller.register(fd, select.POLLIN)
             poller.register(self._stop.fileno(), select.POLLIN)
@@ -148,6 +155,7 @@ class KmsgWatcher:
     def _follow_file_with(self, watch: FileWatch | None) -> None:
         seen = os.stat(self.path)
         size = seen.st_size
+        self._armed.set()
         poller = select.poll()
         poller.register(self._stop.fileno(), select.POLLIN)
         if watch is not None:

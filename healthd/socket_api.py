@@ -161,8 +161,8 @@ class SocketApi:
             if isinstance(op, str) and op in MATRIX:
                 log.warning("socket: %s refused to uid %d (%s): %s", op, peer.uid, caller, why)
             return {"error": why}
-        if op == "ping":
-            return {"node": host.node, "pid": os.getpid()}
+        if op == "ping":  # `ready`: its watchers and ladder started (HealthDaemon.ready)
+            return {"node": host.node, "pid": os.getpid(), "ready": getattr(host, "ready", True)}
         if op == "status":
             results = host.current()
             reply: dict[str, Any] = {

@@ -63,6 +63,11 @@ def spare_events(store: Store, action: str) -> list[dict[str, object]]:
     ]
 
 
+def marked(path: Path) -> bool:
+    """The job's mark is there and written (`echo` creates the file before it writes)."""
+    return path.exists() and path.read_text().endswith("\n")
+
+
 def test_a_spare_admits_only_the_run_it_was_handed_to_and_serves_the_queue_after_it(
     lab: Lab, store: Store, tmp_path: Path, intruder: Intruder, home: Path
 ) -> None:
@@ -77,7 +82,7 @@ def test_a_spare_admits_only_the_run_it_was_handed_to_and_serves_the_queue_after
                       f"{mark}; sleep 600")  # fmt: skip
     assert bound.returncode == 0, bound.stderr
     job_id = bound.stdout.strip().split(";")[0]
-    poll("the job running", (home / "run-0").exists, timeout=30)
+    poll("the job running", lambda: marked(home / "run-0"), timeout=30)
     assert (home / "run-0").read_text().strip() == VICTIM  # the only node left
     waiting = submit(lab, "--exclusive", "-N1", "--wrap", "sleep 600")
     name = f"medic-spare-{job_id}"
@@ -93,7 +98,7 @@ def test_a_spare_admits_only_the_run_it_was_handed_to_and_serves_the_queue_after
                       "--wrap", f"{other_mark}; sleep 600")  # fmt: skip
     other_id = other.stdout.strip().split(";")[0] if other.returncode == 0 else ""
 
-    poll("the job running again", (home / "run-1").exists, timeout=30)
+    poll("the job running again", lambda: marked(home / "run-1"), timeout=30)
     assert (home / "run-1").read_text().strip() == SPARE
     poll("the spare's reservation released", lambda: not reservation_exists(lab, name),
          timeout=15)  # fmt: skip

@@ -504,10 +504,11 @@ class Lab:
         def answers() -> bool:
             if not pid_alive(pid):
                 raise LabError(f"medic-healthd on {name} exited: see {node.healthd_log}")
-            try:
-                return bool(ask(node.socket, {"op": "ping"}, timeout=1.0)["pid"] == pid)
+            try:  # serving its socket, and its watchers and ladder started ("ready")
+                reply = ask(node.socket, {"op": "ping"}, timeout=1.0)
             except HealthdUnavailable:
                 return False
+            return bool(reply["pid"] == pid and reply.get("ready", True))
 
         wait_for(f"medic-healthd on {name}", answers, timeout, interval=0.05)
         return pid
