@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cli.lab.cluster import Lab, wait_for
+from cli.lab.cluster import Lab, slack, wait_for
 from cli.lab.train import uninterrupted
 from medic_core import proc
 
@@ -37,6 +37,7 @@ def show(lab: Lab, argv: list[str], title: str = "", node: str | None = None) ->
 
 
 def wait_job(lab: Lab, job_id: str, timeout: float = 30) -> None:
+    timeout *= slack()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         out = lab.slurm(["scontrol", "show", "job", "-o", job_id]).stdout
@@ -47,6 +48,7 @@ def wait_job(lab: Lab, job_id: str, timeout: float = 30) -> None:
 
 
 def wait_for_text(path: Path, predicate: Callable[[str], bool], timeout: float) -> str:
+    timeout *= slack()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = path.read_text() if path.exists() else ""
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         result = (work / "result").read_text()
         same = result == uninterrupted(steps)
         print(f"final state {result[:16]}... equals an uninterrupted run's: {same}")
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60 * slack()
         while time.monotonic() < deadline and not any(
             n.name == victim and n.is_idle for n in lab.nodes()
         ):
