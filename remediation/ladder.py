@@ -38,7 +38,7 @@ from medic_core.drain_reason import (
 from medic_core.settings import BurnInSettings, RemediationSettings
 from medic_core.slurm import NodeInfo, SlurmClient, SlurmError
 from medic_core.status import Status
-from medic_core.vocabulary import Finding, component_of
+from medic_core.vocabulary import Finding, Recommendation, component_of
 from remediation import episodes as ep
 from remediation.actions import job_facts
 from remediation.decide import (
@@ -836,14 +836,17 @@ class Ladder:
     def _verify(self, episode: ep.Episode) -> ep.Episode:
         reason, burn_in = self._burn_in_checks(episode)
         findings = self.host.verify((*self.settings.requalify_checks, *burn_in))
-        # The episode's own fault still there fails it at any level: a row remap still
-        # pending after the reset (a WARN) was not repaired by it.
+        # A WARN fault the repair was for (a row remap pending until the GPU's reset) still
+        # reported after it was not repaired. A CRITICAL fault's own record aging at WARN
+        # afterwards (an XID the check still lists for a while) is not the fault again.
+        warn_fault = episode.recommendation == Recommendation.GPU_RESET_WHEN_IDLE.value
         blocking = [
             f
             for f in findings
             if f.status in (Status.CRITICAL, Status.UNKNOWN)
             or (
-                f.status is Status.WARN
+                warn_fault
+                and f.status is Status.WARN
                 and (f.fault_class, f.target) == (episode.fault_class, episode.target)
             )
         ]

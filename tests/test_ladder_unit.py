@@ -1576,3 +1576,17 @@ def test_a_reset_that_does_not_cure_the_gpu_goes_on_to_a_rung_that_waits_for_eve
         world.clock.advance(TICK)
     assert len(world.nodes["n1"].commands) == resets, "a driver reload under a running job"
     assert world.slurm.jobs_["23"].state == "RUNNING"
+
+
+def test_a_critical_faults_record_aging_at_warn_after_the_repair_does_not_fail_it(
+    world: World,
+) -> None:
+    """The XID the check still lists for a while after the reset (a WARN) is not the fault
+    again: only a WARN fault the repair was for (a pending remap) fails its verification."""
+    world.fault("n1", XID_95)
+    world.tick("n1")  # the reset
+    assert world.last("n1").state == ep.VERIFYING
+    aging = dataclasses.replace(XID_95, status=Status.WARN)
+    world.nodes["n1"].findings = [aging]
+    world.tick("n1")
+    assert world.last("n1").state == ep.RESOLVED and in_service(world, "n1")
