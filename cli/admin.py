@@ -241,7 +241,7 @@ def jobs(
     store_url: str | None,
     config_path: Path | None,
 ) -> None:
-    """Resilient jobs (the medic:resilient=N tag): restarts used, state, Medic's actions.
+    """Resilient jobs (the medic:resilient=N tag): restarts charged, state, Medic's actions.
 
     MEDIC_RESTARTS: what Medic charged (the job's ledger) of what it allows (the tag, capped
     by [remediation] max_restarts); SLURM_RESTARTS: Slurm's own count, which a prolog

@@ -58,7 +58,7 @@ COMMANDS: dict[str, LazyCommand] = {
     "jobs": LazyCommand(
         "cli.admin",
         "jobs",
-        "Resilient jobs (the medic:resilient=N tag): restarts used, state, Medic's actions.",
+        "Resilient jobs (the medic:resilient=N tag): restarts charged, state, Medic's actions.",
     ),
     "remediation": LazyCommand(
         "cli.admin",
