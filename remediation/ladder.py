@@ -38,7 +38,7 @@ from medic_core.drain_reason import (
 from medic_core.settings import BurnInSettings, RemediationSettings
 from medic_core.slurm import NodeInfo, SlurmClient, SlurmError
 from medic_core.status import Status
-from medic_core.vocabulary import Finding, Recommendation, component_of
+from medic_core.vocabulary import Finding, component_of
 from remediation import episodes as ep
 from remediation.actions import job_facts
 from remediation.decide import (
@@ -56,14 +56,23 @@ from remediation.decide import (
 )
 from remediation.isolation import APPLIED, INTENT, RESTORED, RESTORING, gres_count, recorded
 from remediation.isolator import IsolationError, Isolator
-from remediation.policy import (
-    LemonEpisode,
-    LemonScore,
-    Rung,
-    StrikeScore,
-    after_failure,
-    fault_family,
+from remediation.policy import LemonEpisode, LemonScore, Rung, StrikeScore, fault_family
+from remediation.step import (
+    REBOOT_REFUSED_RETRY,
+    REFUSED,
+    CapDrain,
+    LastStep,
+    Move,
+    StepDecision,
+    StepFacts,
+    StepRules,
+    decide_step,
+    goes_on_in,
+    keeps_rma_out,
+    rma_reason,
+    rma_redrain_reason,
 )
+from remediation.step import rung_history as rung_history  # re-exported (tests, reports)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -79,11 +88,10 @@ REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
 # from the intent to then): remediation.report.REBOOT_SEEN.
 REBOOT_SEEN = "new boot seen"
 # `scontrol reboot` refused (slurmctld busy or down, RebootProgram not set) says nothing of
-# the node: asked again after REBOOT_REFUSED_RETRY, and after REBOOT_REFUSALS refusals in
-# one episode a human looks (Slurm's configuration, not the node's hardware: never an RMA).
+# the node: asked again after REBOOT_REFUSED_RETRY (remediation.step), and after
+# REBOOT_REFUSALS refusals in one episode a human looks (Slurm's configuration, not the
+# node's hardware: never an RMA).
 REBOOT_REFUSALS = 3
-REBOOT_REFUSED_RETRY = 60.0
-REFUSED = "slurm refused: "
 LONG_WAIT = "waited over"
 UNEXPECTED_REBOOT = "slurm.unexpected_reboot"  # an adopted drain: burnt in as after a reboot
 # A GPU reset beside running jobs (_reset_beside_jobs) asks Slurm for the GPU's holders every
@@ -509,11 +517,7 @@ class Ladder:
             except Exception:  # an onlooker's failure is its own: the tick goes on
                 log.exception("%s: handing the rails over failed", self.node)
         episode = rails.episode
-        # An open RMA ticket keeps the node out whatever its episode waits on (the cap, a
-        # human); only a repair under way (acting, rebooting) is left to finish first.
-        if rails.open_tickets and (
-            episode is None or episode.state not in (ep.ACTING, ep.REBOOTING)
-        ):
+        if keeps_rma_out(episode.state if episode else None, bool(rails.open_tickets)):
             self._keep_rma_out()
         if episode is None:
             return self._requalify_after_rma() if rails.requalify else None
@@ -522,7 +526,7 @@ class Ladder:
         if self.store.control().paused:
             return episode
         if episode.state == ep.PAUSED:  # the pause was lifted: carry on where it stopped
-            episode = self.store.update(episode.id, state=ep.WAITING_IDLE)
+            episode = self.store.update(episode.id, state=goes_on_in(episode))
             self.host.event(
                 f"episode {episode.id}: repairs resumed",
                 severity="INFO",
@@ -545,13 +549,15 @@ class Ladder:
                 if not self._reset_beside_jobs(episode):
                     return self._note_a_long_wait(episode)
                 beside = True
-            if self._cooling_down(episode):
+            last = LastStep.of(self.store.steps(episode.id))
+            decision = decide_step(episode, self._facts(last_step=last))
+            if decision.move is Move.WAIT:  # cooling down after a failed step
                 return episode
             if record is None and episode.rung == int(Rung.GPU_RESET) and not beside:
                 isolated = self._isolate(episode)
                 if isolated is not None:
                     return isolated  # the reset on the next tick, the node back in service
-            return self._act(episode)
+            return self._carry_out(episode, decision)
         if episode.state == ep.ACTING:
             return self._recover_acting(episode)
         if episode.state == ep.REBOOTING:
@@ -564,7 +570,7 @@ class Ladder:
         """A fault the drain cap kept in service: drain it once the cap frees (the episode
         then goes on as any other), under the admission lock like a fresh fault."""
         with self.store.locked():
-            if self._over_cap():
+            if decide_step(episode, self._facts(cap=self._over_cap())).move is not Move.DRAIN:
                 return episode
             reason = format_reason(episode.fault_class, episode.target, "drain cap freed")
             try:
@@ -574,11 +580,9 @@ class Ladder:
             except SlurmError as exc:
                 log.warning("%s: drain after the cap freed failed: %s", self.node, exc)
                 return episode
-            paused = self.store.control().paused
-            state = ep.PAUSED if paused else ep.WAITING_IDLE
-            if outcome is DrainOutcome.NOT_OURS_KEPT:
-                state = ep.NEEDS_HUMAN
-            episode = self.store.update(episode.id, state=state)
+            drain = CapDrain(outcome is DrainOutcome.NOT_OURS_KEPT, self.store.control().paused)
+            decision = decide_step(episode, self._facts(cap="", cap_drain=drain))
+            episode = self.store.update(episode.id, state=decision.state)
         self.host.event(
             f"episode {episode.id}: drain cap freed: {outcome.value}",
             severity="WARN",
@@ -595,14 +599,15 @@ class Ladder:
             info = self.slurm.node(self.node)
             if info is None or info.drained:
                 return
-            # DOWN with Medic's recorded reason (the reboot rung's): drained again with it.
-            # Someone else's reason (no record holds it) is theirs to keep.
             own = self.book.ownership(self.node, info) if info.reason else None
-            if own is not None and own.recorded is False:
+            reason = rma_redrain_reason(
+                info.reason,
+                own.recorded if own is not None else None,
+                parse_reason(info.reason) is not None,
+                format_reason("rma.open", "", "RMA ticket open"),
+            )
+            if reason is None:
                 return
-            if own is not None and own.recorded is None and not parse_reason(info.reason):
-                return
-            reason = info.reason or format_reason("rma.open", "", "RMA ticket open")
             self.book.record_drain(self.node, as_slurm_stores(reason), actor=LADDER)
             self.slurm.drain(self.node, reason)
         except SlurmError as exc:
@@ -662,36 +667,67 @@ class Ladder:
             log.info("%s: episode %s: the GPU reset waits: %s", self.node, episode.id, why)
         return not why
 
-    def _cooling_down(self, episode: ep.Episode) -> bool:
-        """A failed step is followed by its rung's cool-down before the next one."""
-        steps = self.store.steps(episode.id)
-        if not steps or steps[-1].ended_at is None:
-            return False
-        last = steps[-1]
-        ended = last.ended_at
-        wait = self.settings.cooldown.get(last.action, 0.0)
-        if last.output.startswith(REFUSED):
-            wait = REBOOT_REFUSED_RETRY
-        return ended is not None and (self.store.now() - ended).total_seconds() < wait
+    def _facts(
+        self,
+        *,
+        last_step: LastStep | None = None,
+        cap: str | None = None,
+        cap_drain: CapDrain | None = None,
+        reboot_waited: float | None = None,
+        findings: tuple[Finding, ...] | None = None,
+    ) -> StepFacts:
+        """What remediation.step.decide_step reads: the time, [remediation]'s rules and the
+        facts the caller gathered."""
+        s = self.settings
+        rules = StepRules(s.attempts, s.cooldown, s.recheck_window, s.reboot_timeout, s.dry_run)
+        return StepFacts(
+            self.store.now(), rules, last_step, cap, cap_drain, reboot_waited, findings
+        )
 
-    def _act(self, episode: ep.Episode) -> ep.Episode:
-        rung = Rung(episode.rung)
-        if rung is Rung.RMA:
-            return self._rma(episode, "")
-        if self.settings.dry_run:
+    def _carry_out(self, episode: ep.Episode, decision: StepDecision) -> ep.Episode:
+        """Carry out a decision of remediation.step.decide_step."""
+        if decision.move is Move.ACT:
+            return self._act(episode)
+        if decision.escalate:  # the next rung (the same while it has attempts left), or RMA
             self.host.event(
-                f"dry run: would start {rung.word} for {episode.fault_class}",
-                severity="INFO",
+                decision.event,
+                severity="WARN",
                 fault_class=episode.fault_class,
                 target=episode.target,
             )
-            return self.store.update(episode.id, state=ep.NEEDS_HUMAN, message="dry run")
+            episode = self.store.update(
+                episode.id,
+                rung=decision.rung,
+                state=decision.state,
+                failed_requalifications=decision.failed_requalifications,
+            )
+            return self._rma(episode, decision.why) if decision.rma else episode
+        if decision.move is Move.RMA:
+            return self._rma(episode, decision.why)
+        if decision.resolve:
+            return self._resolve(episode)
+        if decision.move is Move.NEEDS_HUMAN:
+            if decision.event:
+                self.host.event(
+                    decision.event,
+                    severity="INFO",
+                    fault_class=episode.fault_class,
+                    target=episode.target,
+                )
+            return self.store.update(
+                episode.id, state=ep.NEEDS_HUMAN, message=decision.message or episode.message
+            )
+        if decision.move is Move.SET_STATE:
+            return self.store.update(episode.id, state=decision.state)
+        return episode
+
+    def _act(self, episode: ep.Episode) -> ep.Episode:
+        """Run the episode's rung (decide_step chose it: a GPU reset names one GPU)."""
+        rung = Rung(episode.rung)
         if rung is Rung.REBOOT:
             return self._reboot(episode)
-        gpu = int(episode.target) if episode.target.isdigit() else None
-        if rung is Rung.GPU_RESET:
-            if gpu is None:  # a node-wide fault: a per-GPU reset does not apply
-                return self._escalate(episode, "no single GPU to reset", skip=True)
+        gpu = int(episode.target) if rung is Rung.GPU_RESET else None
+        if gpu is not None:
             if self.host.gpu_busy(gpu):
                 return episode  # "only when no process holds it": try again next tick
             argv = [a.format(gpu=gpu, node=self.node) for a in self.settings.gpu_reset]
@@ -714,7 +750,7 @@ class Ladder:
             target=episode.target,
         )
         if result.ok:
-            self.host.after_repair(gpu if rung is Rung.GPU_RESET else None, started)
+            self.host.after_repair(gpu, started)
         # Verified on the next tick, not at once: a fault the repair did not cure (a GPU
         # that faults again under the first touch) needs a moment to show again.
         return self.store.update(episode.id, state=ep.VERIFYING)
@@ -774,11 +810,10 @@ class Ladder:
             # Died between the intent and Slurm: no flag and the same boot, so it was never
             # asked. Asking now is the one reboot of this decision, not a second.
             self.store.finish_step(step.id, "interrupted", output="not asked before restart")
-            return self._reboot_again_same_attempt(episode)
+            attempts = {**episode.attempts, str(int(Rung.REBOOT)): episode.attempts_at(3) - 1}
+            return self._reboot(self.store.update(episode.id, attempts=attempts))
         elapsed = (self.store.now() - step.started_at).total_seconds()
-        if elapsed > self.settings.reboot_timeout:
-            return self._escalate(episode, f"no new boot within {elapsed:.0f}s")
-        return episode
+        return self._carry_out(episode, decide_step(episode, self._facts(reboot_waited=elapsed)))
 
     def _keep_out_until_verified(self, episode: ep.Episode) -> None:
         """Slurm may put a rebooted node back in service before Medic verified it:
@@ -829,46 +864,13 @@ class Ladder:
         attempts = {**episode.attempts, str(int(Rung.REBOOT)): episode.attempts_at(3) - 1}
         return self.store.update(episode.id, attempts=attempts, state=ep.WAITING_IDLE)
 
-    def _reboot_again_same_attempt(self, episode: ep.Episode) -> ep.Episode:
-        attempts = {**episode.attempts, str(int(Rung.REBOOT)): episode.attempts_at(3) - 1}
-        return self._reboot(self.store.update(episode.id, attempts=attempts))
-
     def _verify(self, episode: ep.Episode) -> ep.Episode:
         reason, burn_in = self._burn_in_checks(episode)
         findings = self.host.verify((*self.settings.requalify_checks, *burn_in))
-        # A WARN fault the repair was for (a row remap pending until the GPU's reset) still
-        # reported after it was not repaired. A CRITICAL fault's own record aging at WARN
-        # afterwards (an XID the check still lists for a while) is not the fault again.
-        warn_fault = episode.recommendation == Recommendation.GPU_RESET_WHEN_IDLE.value
-        blocking = [
-            f
-            for f in findings
-            if f.status in (Status.CRITICAL, Status.UNKNOWN)
-            or (
-                warn_fault
-                and f.status is Status.WARN
-                and (f.fault_class, f.target) == (episode.fault_class, episode.target)
-            )
-        ]
-        if not blocking:
+        decision = decide_step(episode, self._facts(findings=tuple(findings)))
+        if decision.resolve:
             self._burnt_in(reason, burn_in)
-            return self._resolve(episode)
-        if episode.rung == 0:  # a re-check (a link that may come back), no repair rung
-            age = (self.store.now() - episode.opened_at).total_seconds()
-            if age < self.settings.recheck_window:
-                return episode
-            first = blocking[0]
-            return self.store.update(
-                episode.id,
-                state=ep.NEEDS_HUMAN,
-                message=f"{episode.message}; still {first.status.value} after {age:.0f}s:"
-                f" {first.message}",
-            )
-        first = blocking[0]
-        episode = self.store.update(
-            episode.id, failed_requalifications=episode.failed_requalifications + 1
-        )
-        return self._escalate(episode, f"still {first.status.value}: {first.message}")
+        return self._carry_out(episode, decision)
 
     def _requalify_after_rma(self) -> ep.Episode | None:
         """Called while a closed RMA ticket (the part replaced) waits for re-qualification:
@@ -941,22 +943,6 @@ class Ladder:
 
             state_dir = self.burn_in_state_dir() if self.burn_in_state_dir else None
             record_pass(self.store.store, self.node, reason, checks, state_dir)
-
-    def _escalate(self, episode: ep.Episode, why: str, *, skip: bool = False) -> ep.Episode:
-        """`skip`: the rung does not apply (no attempt of it can help): the next one."""
-        rung = Rung(episode.rung)
-        allowed = 0 if skip else self.settings.attempts.get(rung.word, 1)
-        nxt = after_failure(rung, episode.attempts_at(rung), allowed)
-        self.host.event(
-            f"{rung.word} did not repair it ({why}); next: {nxt.word}",
-            severity="WARN",
-            fault_class=episode.fault_class,
-            target=episode.target,
-        )
-        episode = self.store.update(episode.id, rung=int(nxt), state=ep.WAITING_IDLE)
-        if nxt is Rung.RMA:
-            return self._rma(episode, why)
-        return episode
 
     # ---- single-GPU isolation (remediation.isolator) ----------------------------------
 
@@ -1115,39 +1101,3 @@ def lemon_episode(episode: ep.Episode) -> LemonEpisode:
         ticketed=episode.ticket_id is not None,
         resolved=episode.state == ep.RESOLVED,
     )
-
-
-def rung_history(steps: Sequence[ep.Step]) -> str:
-    """`gpu_reset x2, reboot x1`: the repair steps an episode ran (refused reboots are not
-    repairs: Slurm never started them)."""
-    counts: dict[str, int] = {}
-    for s in steps:
-        if not s.output.startswith(REFUSED):
-            counts[s.action] = counts.get(s.action, 0) + 1
-    return ", ".join(f"{action} x{n}" for action, n in counts.items())
-
-
-def rma_reason(
-    episode: ep.Episode,
-    steps: Sequence[ep.Step],
-    failure: str,
-    first_rung: Mapping[str, str] | None = None,
-) -> str:
-    """Why an episode goes to RMA, for the vendor and the operator: the lemon rule's reason
-    (recorded when it was admitted), else the rungs tried and the last failure, else what
-    starts its fault class at RMA (`first_rung`: [remediation] first_rung, or the finding's
-    recommendation)."""
-    lemon = episode.evidence.get("lemon")
-    if isinstance(lemon, str) and lemon:
-        return lemon
-    tried = rung_history(steps)
-    if tried:
-        return f"{tried} did not repair it" + (f": {failure}" if failure else "")
-    if failure:
-        return failure
-    parts = episode.fault_class.split(".")
-    for end in range(len(parts), 0, -1):
-        key = ".".join(parts[:end])
-        if key in (first_rung or {}):
-            return f"[remediation] first_rung sends {key} straight to RMA: no repair tried"
-    return f"recommended {episode.recommendation!r}: no repair tried"
