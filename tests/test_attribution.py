@@ -11,7 +11,6 @@ fake Slurm, with the invariants checked after every step.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,7 @@ from remediation.decide import (
     jobs_hit,
 )
 from remediation.policy import Rung, first_rung
+from tests.fakes import FakeSlurm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 
@@ -236,42 +236,10 @@ def test_the_xid_table_says_what_the_issue_asked() -> None:
 # --- a model: one node, several users' jobs on different GPUs ---------------------------------
 
 
-@dataclass
-class ModelJob:
-    job_id: str
-    user: str
-    gpus: frozenset[int] | None
-    budget: int | None
-    state: str = "RUNNING"
-    admin_comment: str = ""
-    requeues: int = 0
-    runs: int = 0  # Slurm's restart count
-
-
-@dataclass
-class FakeSlurm:
-    drained: bool = False
-    reason: str = ""
-    jobs: dict[str, ModelJob] = field(default_factory=dict)
-    requeued_now: list[str] = field(default_factory=list)
-    commented_now: list[str] = field(default_factory=list)
-
-    def node(self, name: str) -> NodeInfo:
-        flags = frozenset({"DRAIN"} if self.drained else set())
-        return NodeInfo(name, "MIXED", flags, self.reason, partitions=("gpu",))
-
-    def drain(self, node: str, reason: str) -> None:
-        self.drained, self.reason = True, reason
-
-    def requeue(self, job_id: str) -> None:
-        j = self.jobs[job_id]
-        assert j.state == "RUNNING"
-        j.state, j.requeues, j.runs = "PENDING", j.requeues + 1, j.runs + 1
-        self.requeued_now.append(job_id)
-
-    def set_admin_comment(self, job_id: str, text: str) -> None:
-        self.jobs[job_id].admin_comment = text
-        self.commented_now.append(job_id)
+def shared_node() -> FakeSlurm:
+    """n1 in Slurm, shared by jobs (tests.fakes.FakeSlurm keeps them, their GPUs, their admin
+    comments and restart counts; every requeue and comment is recorded in `calls`)."""
+    return FakeSlurm([NodeInfo("n1", "MIXED", frozenset(), partitions=("gpu",))])
 
 
 COMPONENTS = [str(i) for i in range(8)] + ["pci:0000:18:00.0", "job:j1", "job:j3"]
@@ -292,7 +260,8 @@ class SharedNode(RuleBasedStateMachine):
 
     @initialize(cap=st.none() | st.integers(0, 4))
     def start(self, cap: int | None) -> None:
-        self.slurm = FakeSlurm()
+        self.slurm = shared_node()
+        self.budgets: dict[str, int | None] = {}  # the jobs' resilience tags
         self.cap = cap
         self.next_id = 1
         self.free = set(range(8))
@@ -309,23 +278,24 @@ class SharedNode(RuleBasedStateMachine):
         self.free -= take
         job_id = f"j{self.next_id}"
         self.next_id += 1
-        self.slurm.jobs[job_id] = ModelJob(job_id, user, take if listed else None, budget)
+        self.slurm.start_job(job_id, "n1", gpus=take if listed else None, user=user)
+        self.budgets[job_id] = budget
 
     @rule(pick=st.integers(0, 50))
     def job_ends(self, pick: int) -> None:
-        running = [j for j in self.slurm.jobs.values() if j.state == "RUNNING"]
+        running = [j for j in self.slurm.jobs_.values() if j.state == "RUNNING"]
         if running:
             gone = running[pick % len(running)]
-            gone.state = "COMPLETED"
+            self.slurm.end_job(gone.job_id)
             self.free |= gone.gpus or frozenset()
 
     @rule(pick=st.integers(0, 50))
     def requeued_job_runs_again(self, pick: int) -> None:
         """A requeued job starts again elsewhere: it leaves this node's model."""
-        waiting = [j for j in self.slurm.jobs.values() if j.state == "PENDING"]
+        waiting = [j for j in self.slurm.jobs_.values() if j.state == "PENDING"]
         if waiting:
             back = waiting[pick % len(waiting)]
-            back.state = "ELSEWHERE"
+            back.state, back.node = "RUNNING", "n2"
             self.free |= back.gpus or frozenset()
 
     @rule(fault=st.sampled_from(FAULTS), where=st.sampled_from(COMPONENTS))
@@ -339,39 +309,43 @@ class SharedNode(RuleBasedStateMachine):
             JobFacts(
                 j.job_id,
                 j.state,
-                j.budget,
+                self.budgets[j.job_id],
                 True,
                 False,
                 Ledger.parse(j.admin_comment),
-                j.runs,
+                j.restart_count,
                 gpus=j.gpus,
             )
-            for j in self.slurm.jobs.values()
-            if j.state == "RUNNING"
+            for j in self.slurm.jobs_.values()
+            if j.state == "RUNNING" and j.node == "n1"
         )
-        before = {j.job_id: (j.admin_comment, j.requeues) for j in self.slurm.jobs.values()}
-        self.slurm.requeued_now, self.slurm.commented_now = [], []
-        slurm = NodeFacts(True, self.slurm.drained, False, self.slurm.reason)
+        before = {
+            j.job_id: (self.slurm.jobs_[j.job_id].admin_comment, self.requeues(j.job_id))
+            for j in jobs
+        }
+        node = self.slurm.by_name["n1"]
+        slurm = NodeFacts(True, node.drain, False, node.reason)
         facts = FaultFacts("n1", slurm, jobs, max_restarts=self.cap)
         decision = decide_fault([finding], facts)
-        carry_out(self.slurm, "n1", decision)  # type: ignore[arg-type]
+        mark = len(self.slurm.calls)
+        carry_out(self.slurm, "n1", decision)
+        made = self.slurm.calls[mark:]
 
         component = finding.component
         rung = first_rung(fault_class, rec.value)
         node_wide = rung in (Rung.DRIVER_RELOAD, Rung.REBOOT)
         touched = {j.job_id for j in jobs_hit(component, jobs, node_wide)}
         # Only the jobs the fault touches are requeued or told anything.
-        assert set(self.slurm.requeued_now) <= touched
-        assert set(self.slurm.commented_now) <= touched
+        assert {c[1] for c in made if c[0] in ("requeue", "set_admin_comment")} <= touched
         for j in jobs:
             if j.job_id not in touched:
                 assert (
-                    self.slurm.jobs[j.job_id].admin_comment,
-                    self.slurm.jobs[j.job_id].requeues,
+                    self.slurm.jobs_[j.job_id].admin_comment,
+                    self.requeues(j.job_id),
                 ) == before[j.job_id]
         # A GPU's fault never touches a job Slurm says holds other GPUs; a job's fault, only it.
         for job_id in touched:
-            held = self.slurm.jobs[job_id].gpus
+            held = self.slurm.jobs_[job_id].gpus
             if component.kind is ComponentKind.JOB:
                 assert job_id == component.name
             elif component.gpu_index is not None and held is not None and not node_wide:
@@ -380,15 +354,19 @@ class SharedNode(RuleBasedStateMachine):
         if rec is Recommendation.RESTART_APP and status is not Status.CRITICAL:
             assert not decision.drain
 
+    def requeues(self, job_id: str) -> int:
+        return len(self.slurm.called("requeue", job_id))
+
     @invariant()
     def budgets_hold(self) -> None:
-        for j in self.slurm.jobs.values():
-            if j.budget is None:
-                assert j.requeues == 0, "a job that is not resilient was requeued"
+        for j in self.slurm.jobs_.values():
+            budget, requeues = self.budgets[j.job_id], self.requeues(j.job_id)
+            if budget is None:
+                assert requeues == 0, "a job that is not resilient was requeued"
                 continue
-            limit = j.budget if self.cap is None else min(j.budget, self.cap)
-            assert j.requeues <= limit, f"{j.job_id}: {j.requeues} requeues, budget {limit}"
-            assert Ledger.parse(j.admin_comment).restarts == j.requeues
+            limit = budget if self.cap is None else min(budget, self.cap)
+            assert requeues <= limit, f"{j.job_id}: {requeues} requeues, budget {limit}"
+            assert Ledger.parse(j.admin_comment).restarts == requeues
 
 
 SharedNode.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)

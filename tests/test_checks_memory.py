@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import pytest
@@ -16,20 +15,10 @@ from healthd.checks.memory import (
     parse_memtotal_kib,
 )
 from healthd.fixtures import meminfo_text, write_host_tree
+from tests.fakes import FakeClock
 
 EDAC = Path("sys/devices/system/edac/mc")
 FIXTURE_KIB = 2113561600
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def now(self) -> dt.datetime:
-        return dt.datetime(2025, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=self.t)
 
 
 def summary(results: list[Result]) -> list[tuple[Status, str | None, str | None]]:
@@ -78,7 +67,7 @@ def test_corrected_error_rate() -> None:
 
 def test_gather_reads_the_tree_and_tracks_ce_between_runs(host: Path) -> None:
     clock = FakeClock()
-    ctx = CheckContext.for_root(host, clock=clock)
+    ctx = CheckContext.for_root(host, clock=clock.checks)
     cfg = MemoryConfig(expected_gib=2048, ce_per_hour=10)
     check = MemoryCheck()
     first = check.gather(ctx, cfg)
@@ -88,13 +77,13 @@ def test_gather_reads_the_tree_and_tracks_ce_between_runs(host: Path) -> None:
     assert summary(MemoryCheck.evaluate(first, cfg)) == [(Status.OK, None, None)]
 
     (host / EDAC / "mc1/ce_count").write_text("40\n")
-    clock.t += 3600
+    clock.advance(3600)
     second = MemoryCheck.evaluate(check.gather(ctx, cfg), cfg)
     assert summary(second) == [(Status.OK, None, None), (Status.WARN, "mem.edac.ce_rate", "mc1")]
 
     (host / EDAC / "mc3/ue_count").write_text("1\n")
     (host / "proc/meminfo").write_text(meminfo_text(1056780800))  # half the DIMMs gone
-    clock.t += 3600
+    clock.advance(3600)
     third = MemoryCheck.evaluate(check.gather(ctx, cfg), cfg)
     assert summary(third) == [
         (Status.CRITICAL, "mem.total.low", None),

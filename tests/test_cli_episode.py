@@ -22,55 +22,21 @@ from cli.nodes import node, nodes
 from medic_core.drain_book import DrainBook
 from medic_core.drain_reason import is_medic_reason
 from medic_core.settings import RemediationSettings
-from medic_core.slurm import JobInfo, NodeInfo, SlurmError
+from medic_core.slurm import JobInfo, NodeInfo
 from medic_core.status import Status
 from medic_core.store import ConditionUpdate, Event, Severity, Store, open_store
 from medic_core.vocabulary import Finding
 from remediation import episodes as ep
 from remediation import tickets
 from remediation.ladder import Ladder
+from tests.fakes import FakeSlurm
 
 NOW = dt.datetime.now(dt.UTC)
 
 
-class FakeSlurm:
-    """Nodes in memory; drains and resumes change them and are recorded."""
-
-    def __init__(self) -> None:
-        self.by_name: dict[str, NodeInfo] = {}
-        self.calls: list[str] = []
-        self.broken = False
-        self.queue: list[JobInfo] = []
-
-    def add(self, name: str, state: str = "IDLE", flags: tuple[str, ...] = (), reason: str = ""):
-        self.by_name[name] = NodeInfo(name, state, frozenset(flags), reason, "", ("gpu",))
-
-    def _check(self) -> None:
-        if self.broken:
-            raise SlurmError("slurmctld does not answer")
-
-    def nodes(self) -> list[NodeInfo]:
-        self._check()
-        return list(self.by_name.values())
-
-    def node(self, name: str) -> NodeInfo | None:
-        self._check()
-        return self.by_name.get(name)
-
-    def drain(self, name: str, reason: str) -> None:
-        self._check()
-        self.calls.append(f"drain {name} {reason}")
-        self.add(name, self.by_name[name].state, ("DRAIN",), reason)
-
-    def resume(self, name: str) -> None:
-        self.calls.append(f"resume {name}")
-
-    def jobs(self, ids: Any = None) -> list[JobInfo]:
-        return self.queue
-
-
 @pytest.fixture
 def slurm(monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
+    """Nodes added by each test; the commands' drains and resumes change them, recorded."""
     fake = FakeSlurm()
     for module in (cli.admin, cli.nodes, cli.episode):
         monkeypatch.setattr(module, "slurm_client", lambda config: fake)
@@ -114,7 +80,7 @@ def test_close_records_who_and_why_leaves_slurm_alone_and_refuses_twice(
     db: tuple[Store, list[str]], slurm: FakeSlurm
 ) -> None:
     store, conf = db
-    slurm.add("n3", "IDLE", ("DRAIN",), "medic: gpu.xid.79 gpu2")
+    slurm.add_node("n3", "IDLE", ("DRAIN",), "medic: gpu.xid.79 gpu2")
     e = opened(store, "n3", ep.NEEDS_HUMAN)
     DrainBook.of(store).record_drain(
         "n3", "medic: gpu.xid.79 gpu2", actor="daemon", episode_id=e.id
@@ -154,7 +120,7 @@ def test_a_resolved_episode_is_neither_closed_nor_retried(
     db: tuple[Store, list[str]], slurm: FakeSlurm
 ) -> None:
     store, conf = db
-    slurm.add("n1")
+    slurm.add_node("n1")
     e = opened(store, "n1", ep.RESOLVED)
     close = run(episode, "close", str(e.id), "--reason", "done", *conf)
     assert close.exit_code == 1 and "already resolved" in close.stderr
@@ -168,7 +134,7 @@ def test_an_rma_episode_with_an_open_ticket_is_neither_closed_nor_retried(
     db: tuple[Store, list[str]], slurm: FakeSlurm
 ) -> None:
     store, conf = db
-    slurm.add("n2", "DOWN", (), "medic: gpu.xid.79 gpu2")
+    slurm.add_node("n2", "DOWN", (), "medic: gpu.xid.79 gpu2")
     ticket = tickets.open_ticket(store, "n2", "gpu.xid.79", "GPU 2 gone", [], {}, "medic")
     e = opened(store, "n2", ep.RMA, rung=4, ticket_id=ticket.id)
     close = run(episode, "close", str(e.id), "--reason", "x", *conf)
@@ -188,7 +154,7 @@ def test_retry_goes_back_to_waiting_idle_at_its_rung_with_that_rungs_attempts_re
     db: tuple[Store, list[str]], slurm: FakeSlurm
 ) -> None:
     store, conf = db
-    slurm.add("n4")  # in service: the cap kept it there, say
+    slurm.add_node("n4")  # in service: the cap kept it there, say
     e = opened(store, "n4", ep.NEEDS_HUMAN, rung=2, attempts={"1": 2, "2": 1})
 
     result = run(episode, "retry", str(e.id), "--reason", "cap freed", *conf)
@@ -201,8 +167,9 @@ def test_retry_goes_back_to_waiting_idle_at_its_rung_with_that_rungs_attempts_re
     assert ep.EpisodeStore(store).open_for("n4") == after  # the ladder's next tick takes it
     # Drained with Medic's reason first, so the ladder never acts on a node in service and
     # lifts the drain itself once repaired.
-    [call] = slurm.calls
-    assert call.startswith("drain n4 medic: gpu.xid.79 gpu2 retry of episode")
+    [(method, node, reason)] = slurm.calls
+    assert (method, node) == ("drain", "n4")
+    assert reason.startswith("medic: gpu.xid.79 gpu2 retry of episode")
     assert is_medic_reason(slurm.by_name["n4"].reason)
     [audit] = store.events(node="n4", kind="admin")
     assert audit.evidence["action"] == "episode_retry" and audit.evidence["drain"] == "drained"
@@ -215,7 +182,7 @@ def test_retry_is_refused_while_another_episode_is_open_on_the_node(
     db: tuple[Store, list[str]], slurm: FakeSlurm
 ) -> None:
     store, conf = db
-    slurm.add("n5", "IDLE", ("DRAIN",), "medic: gpu.xid.48 gpu1")
+    slurm.add_node("n5", "IDLE", ("DRAIN",), "medic: gpu.xid.48 gpu1")
     old = opened(store, "n5", ep.NEEDS_HUMAN)
     other = opened(store, "n5", ep.WAITING_IDLE)
     result = run(episode, "retry", str(old.id), *conf)
@@ -227,13 +194,13 @@ def test_retry_is_refused_while_another_episode_is_open_on_the_node(
 
 def test_retry_without_slurm_changes_nothing(db: tuple[Store, list[str]], slurm: FakeSlurm) -> None:
     store, conf = db
-    slurm.add("n6")
+    slurm.add_node("n6")
     e = opened(store, "n6", ep.CLOSED)
-    slurm.broken = True
+    slurm.unreachable = True
     result = run(episode, "retry", str(e.id), *conf)
     assert result.exit_code == 1 and "cannot make sure n6 is drained" in result.stderr
     assert ep.EpisodeStore(store).get(e.id).state == ep.CLOSED  # type: ignore[union-attr]
-    slurm.broken = False
+    slurm.unreachable = False
     no_rung = opened(store, "n7", ep.NEEDS_HUMAN, rung=0)
     refused = run(episode, "retry", str(no_rung.id), *conf)
     assert refused.exit_code == 1 and "has no ladder rung" in refused.stderr
@@ -259,7 +226,7 @@ def test_resume_refused_by_a_stuck_episode_says_how_to_close_it(
     db: tuple[Store, list[str]], slurm: FakeSlurm
 ) -> None:
     store, conf = db
-    slurm.add("n4", "IDLE", ("DRAIN",), "medic: gpu.xid.48 gpu1")
+    slurm.add_node("n4", "IDLE", ("DRAIN",), "medic: gpu.xid.48 gpu1")
     stuck = opened(store, "n4", ep.PAUSED)
     DrainBook.of(store).record_drain("n4", "medic: gpu.xid.48 gpu1", actor="daemon")
     refused = run(node, "resume", "n4", "--reason", "done", *conf)
@@ -268,7 +235,7 @@ def test_resume_refused_by_a_stuck_episode_says_how_to_close_it(
     assert run(episode, "close", str(stuck.id), "--reason", "done by hand", *conf).exit_code == 0
     resumed = run(node, "resume", "n4", "--reason", "done", *conf)
     assert resumed.exit_code == 0, resumed.output
-    assert slurm.calls == ["resume n4"]
+    assert slurm.calls == [("resume", "n4")]
 
 
 def test_list_shows_what_waits_and_all_shows_everything(
@@ -316,7 +283,7 @@ def test_a_healthy_node_with_a_stuck_episode_is_not_being_repaired(
     db: tuple[Store, list[str]], slurm: FakeSlurm
 ) -> None:
     store, conf = db
-    slurm.add("n1")  # in service
+    slurm.add_node("n1")  # in service
     store.set_conditions("n1", [ConditionUpdate("gpu.ecc", "OK", "0")], NOW)
     stuck = opened(store, "n1", ep.WAITING_IDLE)
     assert words(conf, "n1") == {"needs_human"}
@@ -326,7 +293,7 @@ def test_a_healthy_node_with_a_stuck_episode_is_not_being_repaired(
     assert doc["id"] == stuck.id and doc["medic"] == "needs_human"
     assert f"stuck (medic episode close {stuck.id})" in doc["why"]
 
-    slurm.add("n1", "IDLE", ("DRAIN",), "medic: gpu.xid.79 gpu2")  # now drained: a repair
+    slurm.add_node("n1", "IDLE", ("DRAIN",), "medic: gpu.xid.79 gpu2")  # now drained: a repair
     assert words(conf, "n1") == {"repairing"}
     assert "1 being repaired" in run(nodes, *conf).stdout.splitlines()[0]
 
@@ -335,8 +302,8 @@ def test_an_open_needs_human_episode_is_in_every_view_until_a_human_closes_it(
     db: tuple[Store, list[str]], slurm: FakeSlurm
 ) -> None:
     store, conf = db
-    slurm.add("n2", "IDLE", ("DRAIN",), "medic: gpu.xid.79 gpu2")
-    slurm.add("n3")
+    slurm.add_node("n2", "IDLE", ("DRAIN",), "medic: gpu.xid.79 gpu2")
+    slurm.add_node("n3")
     human = opened(store, "n2", ep.NEEDS_HUMAN)
     opened(store, "n2", ep.RESOLVED)  # a later repair does not answer the human's question
     assert words(conf, "n2") == {"needs_human"}
@@ -384,10 +351,10 @@ def test_jobs_shows_the_newest_action_a_requeue_after_a_gate(
     db: tuple[Store, list[str]], slurm: FakeSlurm
 ) -> None:
     store, conf = db
-    slurm.queue = [
+    slurm.add_job(
         JobInfo(job_id="41", name="train", user="bob", state="PENDING", reason="",
                 nodes="", requeue=True, restart_count=1, comment="medic:resilient=2")
-    ]  # fmt: skip
+    )  # fmt: skip
     at = NOW - dt.timedelta(minutes=5)
     # Recorded in this order, but the gate was decided before the requeue (same second).
     store.add_event("n2", at=at, kind="job_action", severity=Severity.WARN, source="healthd",
@@ -445,7 +412,7 @@ def test_after_a_retry_the_ladder_tries_the_rung_again(
     db: tuple[Store, list[str]], slurm: FakeSlurm
 ) -> None:
     store, conf = db
-    slurm.add("n9", "IDLE", ("DRAIN",), "medic: gpu.xid.79 gpu2")
+    slurm.add_node("n9", "IDLE", ("DRAIN",), "medic: gpu.xid.79 gpu2")
     episodes = ep.EpisodeStore(store)
     settings = RemediationSettings(gpu_reset=("true",), attempts={"gpu_reset": 2})
     ladder = Ladder("n9", episodes, slurm, QuietHost(), settings)  # type: ignore[arg-type]

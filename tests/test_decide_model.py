@@ -55,7 +55,6 @@ from hypothesis.stateful import (
 )
 
 from medic_core.drain_reason import as_slurm_stores, format_reason, is_medic_reason
-from medic_core.slurm import NodeInfo
 from medic_core.status import Status
 from medic_core.vocabulary import Finding, Recommendation
 from remediation.actions import carry_out
@@ -79,72 +78,77 @@ from remediation.decide import (
     primary,
 )
 from remediation.policy import drain_cap
+from tests.fakes import FakeSlurm, SlurmJob, SlurmNode
 
 # --- the fake Slurm ---------------------------------------------------------------------------
 
 
 @dataclass
-class FakeNode:
-    drained: bool = False
-    down: bool = False
-    reason: str = ""
-    reason_time: float = 0.0
-    # Medic's drain record (medic_core.drain_book): written before Medic asks Slurm to drain,
-    # closed by its resume; an admin's drain or resume leaves none that matches.
+class FleetNode(SlurmNode):
+    """A node in the model's words: drained, down, schedulable; and whether Medic's drain
+    record (medic_core.drain_book) holds it: written before Medic asks Slurm to drain, closed
+    by its resume; an admin's drain or resume leaves none that matches."""
+
     recorded: bool = False
 
     @property
+    def drained(self) -> bool:
+        return self.drain
+
+    @drained.setter
+    def drained(self, value: bool) -> None:
+        self.drain = value
+
+    @property
+    def down(self) -> bool:
+        return self.state == "DOWN"
+
+    @down.setter
+    def down(self, value: bool) -> None:
+        self.state = "DOWN" if value else "IDLE"
+
+    @property
     def schedulable(self) -> bool:
-        return not self.drained and not self.down
+        return self.in_service
 
 
 @dataclass
-class FakeJob:
-    job_id: str
-    node: str | None  # where it runs; None while pending
-    state: str  # RUNNING, PENDING, COMPLETED
-    budget: int | None
-    requeue: bool
-    pinned_to: str | None
-    admin_comment: str = ""
-    medic_requeues: int = 0  # the truth, whatever the comment says
-    keys: list[str] = field(default_factory=list)  # the fault keys Medic requeued it for
-    last_node: str = ""  # where it ran last
+class FleetJob(SlurmJob):
+    """A job and what the model knows of it beyond Slurm: its resilience budget, the node
+    it is pinned to (-w), the fault keys Medic requeued it for, where it ran last. Its
+    restart count is Medic's requeues: only Medic requeues in the model."""
+
+    budget: int | None = None
+    pinned_to: str | None = None
+    keys: list[str] = field(default_factory=list)
+    last_node: str = ""
 
 
-class FakeSlurm:
-    """What carry_out and drain_if_allowed call, plus the lab's own hands (admin, reboot)."""
+class FleetSlurm(FakeSlurm):
+    """tests.fakes.FakeSlurm over the fleet (what carry_out and drain_if_allowed call), plus
+    what the invariants check Medic against: its resumes and drains, the nodes changed since
+    the last keep-out."""
 
     def __init__(self, names: list[str], clock: list[float]) -> None:
-        self.nodes_ = {n: FakeNode() for n in names}
-        self.jobs_: dict[str, FakeJob] = {}
-        self.clock = clock
+        super().__init__(clock=lambda: clock[0])
+        self.nodes_ = {n: FleetNode(n) for n in names}
+        self.by_name.update(self.nodes_)
         self.medic_resumes: list[tuple[str, str, bool]] = []  # (node, reason, recorded)
         self.medic_drains: list[tuple[str, int, int]] = []  # (node, others held, cap)
         self.changed: set[str] = set()  # nodes touched since the last keep-out
 
-    # SlurmClient, the part carry_out / drain_if_allowed use
-    def node(self, name: str) -> NodeInfo | None:
-        n = self.nodes_.get(name)
-        if n is None:
-            return None
-        flags = frozenset({"DRAIN"} if n.drained else set())
-        return NodeInfo(name, "DOWN" if n.down else "IDLE", flags, n.reason, partitions=("gpu",))
-
     def drain(self, node: str, reason: str) -> None:
-        n = self.nodes_[node]
-        n.drained, n.reason, n.reason_time = True, reason, self.clock[0]
-        n.recorded = True  # Medic records every drain of its own before it asks
+        super().drain(node, reason)
+        self.nodes_[node].recorded = True  # Medic records every drain of its own before it asks
         self.changed.add(node)
 
     def requeue(self, job_id: str) -> None:
         job = self.jobs_[job_id]
         assert job.state == "RUNNING", f"requeue of {job_id} in {job.state}"
-        job.state, job.last_node, job.node = "PENDING", job.node or "", None
-        job.medic_requeues += 1
-
-    def set_admin_comment(self, job_id: str, text: str) -> None:
-        self.jobs_[job_id].admin_comment = text
+        last = job.node
+        super().requeue(job_id)
+        assert isinstance(job, FleetJob)
+        job.last_node = last
 
     # Medic's resume, only ever through decide_resume
     def medic_resume(self, node: str) -> None:
@@ -260,14 +264,14 @@ class FleetModel(RuleBasedStateMachine):
         self.names = [f"n{i:02d}" for i in range(n)]
         self.cap = drain_cap(n, share, min_drained)
         self.share, self.min_drained = share, min_drained
-        self.slurm = FakeSlurm(self.names, self.clock)
+        self.slurm = FleetSlurm(self.names, self.clock)
         for i, job in enumerate(jobs):
             budget, prior = job if isinstance(job, tuple) else (job, 0)
             self.job_start(i, budget, requeue=True, pinned=i == 2)
             started = self.slurm.jobs_[f"j{self.next_job - 1}"]
             for k in range(prior):
                 started.keys.append(f"elsewhere#{k}")
-                started.medic_requeues += 1
+                started.restart_count += 1
                 ledger = Ledger(k + 1, tuple(started.keys))
                 started.admin_comment = f"medic: requeued off elsewhere {ledger.text()}"
 
@@ -348,7 +352,7 @@ class FleetModel(RuleBasedStateMachine):
                 j.requeue,
                 j.pinned_to == node,
                 Ledger.parse(j.admin_comment),
-                j.medic_requeues,  # Slurm's run count: only Medic requeues in the model
+                j.restart_count,  # Slurm's run count: only Medic requeues in the model
             )
             for j in self.slurm.jobs_.values()
             if j.node == node and j.state == "RUNNING"
@@ -401,7 +405,6 @@ class FleetModel(RuleBasedStateMachine):
         running = [j for j in self.slurm.jobs_.values() if j.state == "RUNNING"]
         if running:
             node = running[job % len(running)].node
-            assert node is not None
             for _ in range(2 if twice else 1):
                 self.respond(node, findings, True)
 
@@ -452,7 +455,7 @@ class FleetModel(RuleBasedStateMachine):
         # the guarantee it gives is checked against that count.
         held = self.slurm_held(exclude=node) if self.store_down else self.held_by_medic(node)
         self.blind |= self.store_down
-        drained, _ = carry_out(self.slurm, node, decision)  # type: ignore[arg-type]
+        drained, _ = carry_out(self.slurm, node, decision)
         if drained is not None and drained.value == "drained":
             self.slurm.medic_drains.append((node, len(held), self.cap))
             self.kept_out.discard(node)
@@ -502,8 +505,8 @@ class FleetModel(RuleBasedStateMachine):
             return
         job_id = f"j{self.next_job}"
         self.next_job += 1
-        self.slurm.jobs_[job_id] = FakeJob(
-            job_id, name, "RUNNING", budget, requeue, name if pinned else None
+        self.slurm.jobs_[job_id] = FleetJob(
+            job_id, name, requeue=requeue, budget=budget, pinned_to=name if pinned else None
         )
 
     @rule(job=st.integers(0, 200), node=node_st, where_it_was=st.booleans())
@@ -523,7 +526,7 @@ class FleetModel(RuleBasedStateMachine):
         running = [j for j in self.slurm.jobs_.values() if j.state == "RUNNING"]
         if running:
             j = running[job % len(running)]
-            j.state, j.node = "COMPLETED", None
+            j.state, j.node = "COMPLETED", ""
 
     # ---- humans -------------------------------------------------------------------------
 
@@ -561,7 +564,7 @@ class FleetModel(RuleBasedStateMachine):
         n.drained, n.down = False, True
         for j in self.slurm.jobs_.values():
             if j.node == name and j.state == "RUNNING":
-                j.state, j.node = "COMPLETED", None  # killed by the reboot
+                j.state, j.node = "COMPLETED", ""  # killed by the reboot
         self.touch(name)
 
     @rule(node=node_st)
@@ -785,7 +788,7 @@ class FleetModel(RuleBasedStateMachine):
         for j in self.slurm.jobs_.values():
             ledger = Ledger.parse(j.admin_comment)
             if j.budget is None:
-                assert j.medic_requeues == 0, f"{j.job_id} not resilient, requeued"
+                assert j.restart_count == 0, f"{j.job_id} not resilient, requeued"
                 continue
             assert ledger.restarts <= j.budget, f"{j.job_id}: ledger {ledger} > {j.budget}"
             # Every requeue spends one restart: the restarts spent elsewhere before the model

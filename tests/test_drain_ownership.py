@@ -30,7 +30,8 @@ from medic_core.store import DRAIN_RECORDED, DRAIN_RESUMED, DrainRecord, Store, 
 from remediation import episodes as ep
 from remediation.decide import NodeFacts, Refusal, decide_resume
 from remediation.give_back import give_back
-from tests.test_cli_episode import FakeSlurm, db, opened, run, slurm  # noqa: F401 (fixtures)
+from tests.fakes import FakeSlurm
+from tests.test_cli_episode import db, opened, run, slurm  # noqa: F401 (fixtures)
 
 OURS = format_reason("gpu.xid.79", "2", "fell off the bus")
 ADMIN_TEXTS = ("medic: x", '"medic: x"', '"medic: gpu.xid.79 gpu2"', "bios", '"maintenance"')
@@ -273,7 +274,7 @@ def test_closing_a_needs_human_episode_keeps_the_node_for_a_human(
     slurm: FakeSlurm,  # noqa: F811
 ) -> None:
     store, conf = db
-    slurm.add("n3", "IDLE", ("DRAIN",), OURS)
+    slurm.add_node("n3", "IDLE", ("DRAIN",), OURS)
     e = opened(store, "n3", ep.NEEDS_HUMAN)
     DrainBook.of(store).record_drain("n3", OURS, actor="daemon", episode_id=e.id)
     closed = run(episode, "close", str(e.id), "--reason", "reseated", *conf)
@@ -284,7 +285,7 @@ def test_closing_a_needs_human_episode_keeps_the_node_for_a_human(
     assert slurm.calls == []
     resumed = run(node, "resume", "n3", "--reason", "checked it", *conf)
     assert resumed.exit_code == 0, resumed.output
-    assert slurm.calls == ["resume n3"]
+    assert slurm.calls == [("resume", "n3")]
     [event] = store.events("n3", kind=DRAIN_RESUMED)
     assert event.evidence["actor"] == operator()
 
@@ -294,12 +295,12 @@ def test_close_with_resume_gives_the_node_back_and_names_the_operator(
     slurm: FakeSlurm,  # noqa: F811
 ) -> None:
     store, conf = db
-    slurm.add("n3", "IDLE", ("DRAIN",), OURS)
+    slurm.add_node("n3", "IDLE", ("DRAIN",), OURS)
     e = opened(store, "n3", ep.NEEDS_HUMAN)
     DrainBook.of(store).record_drain("n3", OURS, actor="daemon", episode_id=e.id)
     closed = run(episode, "close", str(e.id), "--reason", "reseated", "--resume", *conf)
     assert closed.exit_code == 0, closed.output
-    assert "n3: resumed" in closed.stdout and slurm.calls == ["resume n3"]
+    assert "n3: resumed" in closed.stdout and slurm.calls == [("resume", "n3")]
     [event] = store.events("n3", kind=DRAIN_RESUMED)
     assert event.evidence["actor"] == operator() and event.evidence["episode_id"] == e.id
 
@@ -311,7 +312,7 @@ def test_medic_node_resume_refuses_an_unrecorded_medic_looking_drain_unless_forc
     typed: str,
 ) -> None:
     store, conf = db
-    slurm.add("n5", "IDLE", ("DRAIN",), as_slurm_stores(typed))
+    slurm.add_node("n5", "IDLE", ("DRAIN",), as_slurm_stores(typed))
     refused = run(node, "resume", "n5", "--reason", "done", *conf)
     assert refused.exit_code == 1 and "was not drained by Medic" in refused.stderr
     assert slurm.calls == []

@@ -44,6 +44,7 @@ from medic_core.slurm import JobInfo
 from slurm_hooks.checkpoint import CheckpointError
 from slurm_hooks.checkpoint import Progress as Writer
 from tests.conftest import poll
+from tests.fakes import FakeClock, FakeSlurm
 
 S = HangSettings(factor=3.0, floor=2.0, window=5, min_steps=3)
 NODE = "n1"
@@ -435,14 +436,6 @@ def test_gpu_evidence_names_the_jobs_gpus_and_survives_a_hung_call() -> None:
 # ---- the watch, with fakes and a fake clock --------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class FakeJob:
     """A job's heartbeat as the reader would return it."""
 
@@ -450,15 +443,15 @@ class FakeJob:
         self.step: int | None = None
         self.at = 0.0
 
-    def read(self, clock: Clock) -> BeatRead:
+    def read(self, clock: FakeClock) -> BeatRead:
         if self.step is None:
             return BeatRead()
         return BeatRead(beat(self.step, self.at), owner=os.geteuid())
 
 
 @pytest.fixture
-def watch(tmp_path: Path) -> Iterator[tuple[HangWatch, Clock, dict[str, FakeJob], list[Hang]]]:
-    clock = Clock()
+def watch(tmp_path: Path) -> Iterator[tuple[HangWatch, FakeClock, dict[str, FakeJob], list[Hang]]]:
+    clock = FakeClock()
     jobs: dict[str, FakeJob] = {"7": FakeJob(), "8": FakeJob()}
     hangs: list[Hang] = []
     w = HangWatch(
@@ -473,7 +466,7 @@ def watch(tmp_path: Path) -> Iterator[tuple[HangWatch, Clock, dict[str, FakeJob]
     yield w, clock, jobs, hangs
 
 
-def advance(jobs: dict[str, FakeJob], job: str, clock: Clock, every: float = 1.0) -> None:
+def advance(jobs: dict[str, FakeJob], job: str, clock: FakeClock, every: float = 1.0) -> None:
     j = jobs[job]
     j.step = 0 if j.step is None else j.step + 1
     j.at = clock.now
@@ -499,7 +492,7 @@ def test_watch_hands_a_hung_job_over_once_per_stall(watch: Any) -> None:
 
 
 def test_watch_collects_the_writers_stacks_from_proc(tmp_path: Path) -> None:
-    clock, hangs = Clock(), []
+    clock, hangs = FakeClock(), []
     me = os.getpid()
     stopped: list[float] = []
 
@@ -547,7 +540,7 @@ def test_watch_forgets_a_job_that_left_and_removes_its_file(tmp_path: Path) -> N
     put(d, heartbeat.RECORD.pack(heartbeat.MAGIC, 2, 5, 10, 1))
     ids: list[str] = ["42"]
     current = WatchSettings(hang=S, directory=d)
-    w = HangWatch(NODE, lambda: current, lambda: tuple(ids), lambda h: True, clock=Clock())
+    w = HangWatch(NODE, lambda: current, lambda: tuple(ids), lambda h: True, clock=FakeClock())
     w.look()
     assert "42" in w.progress
     ids.clear()
@@ -569,27 +562,19 @@ def test_watch_forgets_a_job_that_left_and_removes_its_file(tmp_path: Path) -> N
 # ---- the answer: one decision point, one charge, no drain ------------------------------
 
 
-class FakeSlurm:
-    def __init__(self, jobs: list[JobInfo]) -> None:
-        self._jobs = jobs
-        self.requeued: list[str] = []
-        self.comments: dict[str, str] = {}
-        self.drained: list[str] = []
+def slurm_with(*jobs: JobInfo) -> FakeSlurm:
+    """The node running `jobs`; a hang's answer reads them, requeues, comments (and must not
+    drain): any other Slurm call fails the test."""
+    others = ("nodes", "node", "jobs", "resume", "reboot", "release", "hold", "start_now")
+    return FakeSlurm([NODE], jobs, forbid=others)
 
-    def jobs_on(self, node: str) -> list[JobInfo]:
-        return list(self._jobs)
 
-    def requeue(self, job_id: str) -> None:
-        self.requeued.append(job_id)
+def requeued(slurm: FakeSlurm) -> list[str]:
+    return [job_id for _, job_id in slurm.called("requeue")]
 
-    def set_admin_comment(self, job_id: str, text: str) -> None:
-        self.comments[job_id] = text
 
-    def drain(self, node: str, reason: str) -> None:
-        self.drained.append(node)
-
-    def __getattr__(self, name: str) -> Any:
-        raise AssertionError(f"unexpected Slurm call {name}")
+def comment(slurm: FakeSlurm, job_id: str) -> str:
+    return slurm.jobs_[job_id].admin_comment
 
 
 class FakeStore:
@@ -642,36 +627,36 @@ def a_hang(owner: int | None = None) -> Hang:
 def test_a_hang_requeues_the_resilient_job_charged_once_and_never_drains(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    slurm = FakeSlurm([job(), job("9")])
+    slurm = slurm_with(job(), job("9"))
     ok, store = answer(monkeypatch, slurm, a_hang())
-    assert ok and slurm.requeued == ["7"] and slurm.drained == []  # only the hung job
-    assert "requeued off n1 (job.hang); restart 1/2" in slurm.comments["7"]
-    assert "medic-ledger:restarts=1;charged=run0" in slurm.comments["7"]
+    assert ok and requeued(slurm) == ["7"] and slurm.called("drain") == []  # only the hung job
+    assert "requeued off n1 (job.hang); restart 1/2" in comment(slurm, "7")
+    assert "medic-ledger:restarts=1;charged=run0" in comment(slurm, "7")
     actions = [e["evidence"]["action"] for e in store.events]
     assert actions == ["hang", "requeued"]
     assert {e["kind"] for e in store.events} == {"job_action"}
     assert store.events[0]["evidence"]["stalled_s"] == 12.0
     # The same run reported hung again (another node of the job): no second charge.
-    again = FakeSlurm([job(admin=slurm.comments["7"])])
+    again = slurm_with(job(admin=comment(slurm, "7")))
     answer(monkeypatch, again, a_hang())
-    assert "medic-ledger:restarts=1;charged=run0" in again.comments["7"]
+    assert "medic-ledger:restarts=1;charged=run0" in comment(again, "7")
 
 
 def test_a_hang_past_the_budget_or_not_resilient_is_left_and_said(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    spent = FakeSlurm([job(admin="medic-ledger:restarts=2;charged=run0,run1", restarts=2)])
+    spent = slurm_with(job(admin="medic-ledger:restarts=2;charged=run0,run1", restarts=2))
     answer(monkeypatch, spent, a_hang())
-    assert spent.requeued == [] and "restart budget spent (2/2)" in spent.comments["7"]
-    plain = FakeSlurm([job(comment="")])
+    assert requeued(spent) == [] and "restart budget spent (2/2)" in comment(spent, "7")
+    plain = slurm_with(job(comment=""))
     answer(monkeypatch, plain, a_hang())
-    assert plain.requeued == [] and "not resilient" in plain.comments["7"]
+    assert requeued(plain) == [] and "not resilient" in comment(plain, "7")
 
 
 def test_a_heartbeat_not_owned_by_the_jobs_user_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
-    slurm = FakeSlurm([job()])
+    slurm = slurm_with(job())
     ok, store = answer(monkeypatch, slurm, a_hang(owner=os.geteuid() + 4242))
-    assert ok and slurm.requeued == [] and store.events == []
+    assert ok and requeued(slurm) == [] and store.events == []
 
 
 def test_the_writer_keeps_every_step_in_its_shared_page(hb_dir: Path) -> None:
@@ -686,7 +671,7 @@ def test_the_writer_keeps_every_step_in_its_shared_page(hb_dir: Path) -> None:
 
 
 def test_events_carry_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    _, store = answer(monkeypatch, FakeSlurm([job()]), a_hang())
+    _, store = answer(monkeypatch, slurm_with(job()), a_hang())
     assert all(isinstance(e["at"], dt.datetime) for e in store.events)
 
 
@@ -752,7 +737,7 @@ class PaceBoard:
 
 
 def test_only_the_slow_node_is_reported_once_after_repeats(tmp_path: Path) -> None:
-    board, clock = PaceBoard(), Clock()
+    board, clock = PaceBoard(), FakeClock()
     reports: list[Any] = []
     step = {"n1": 0, "n2": 0}
     busy = {"n1": 0.1, "n2": 0.3}  # n2 works 3x longer per step; both step in lockstep

@@ -27,7 +27,7 @@ from medic_core.drain_book import DrainBook
 from medic_core.drain_reason import is_medic_reason
 from medic_core.proc import CommandResult
 from medic_core.settings import RemediationSettings
-from medic_core.slurm import JobInfo, NodeInfo, SlurmError
+from medic_core.slurm import NodeInfo
 from medic_core.status import Status
 from medic_core.store import Store, open_store
 from medic_core.vocabulary import Finding, Recommendation
@@ -43,6 +43,7 @@ from remediation.ladder import (
     Ladder,
 )
 from remediation.policy import Rung
+from tests.fakes import FakeSlurm
 
 NODES = ("n1", "n2", "n3", "n4", "n5")  # one partition: the cap is max(1, 10 % of 5) = 1
 START = dt.datetime(2025, 3, 3, 12, 0, tzinfo=dt.UTC)
@@ -144,186 +145,23 @@ class CrashingEpisodes(ep.EpisodeStore):
 # --- Slurm -----------------------------------------------------------------------------------
 
 
-@dataclass
-class SlurmNode:
-    name: str
-    state: str = "IDLE"  # base state: IDLE, ALLOCATED, DOWN
-    drain: bool = False
-    reason: str = ""
-    reason_time: int = 0
-    reboot_next: str = ""  # the nextstate of a reboot Slurm holds; "" when none
-    partitions: tuple[str, ...] = ("gpu",)
-
-    def info(self) -> NodeInfo:
-        flags = {"DRAIN"} if self.drain else set()
-        if self.reboot_next:
-            flags.add("REBOOT_REQUESTED")
-        return NodeInfo(
-            self.name,
-            self.state,
-            frozenset(flags),
-            self.reason,
-            "",
-            self.partitions,
-            self.reason_time if self.reason else 0,
-        )
-
-    @property
-    def in_service(self) -> bool:
-        return not self.drain and self.state != "DOWN"
-
-
-@dataclass
-class Job:
-    job_id: str
-    node: str
-    comment: str = ""
-    admin_comment: str = ""
-    state: str = "RUNNING"
-    gpus: frozenset[int] | None = None  # Slurm's GRES index on its node; None: not shown
-
-
-class FakeSlurm:
-    """slurmctld in memory: what the ladder calls, and the daemon's fault response (through
-    remediation.actions), each call recorded; any other call fails the test. `fail` and
-    `unreachable` make calls raise SlurmError as the real client does."""
+class LadderSlurm(FakeSlurm):
+    """tests.fakes.FakeSlurm over the five nodes, reason times on the world's clock, every
+    call recorded (reads too: a settled ladder asks Slurm nothing). Only the calls the
+    ladder and the daemon's fault response (through remediation.actions) make are allowed,
+    any other fails the test; a node read while Slurm holds its reboot is a crash point (the
+    daemon killed there)."""
 
     def __init__(self, clock: Clock, crasher: Crasher) -> None:
-        self.clock = clock
+        unexpected = ("jobs", "release", "hold", "start_now")
+        super().__init__(NODES, clock=clock.epoch, forbid=unexpected, record_reads=True)
         self.crasher = crasher
-        self.by_name = {n: SlurmNode(n) for n in NODES}
-        self.jobs_: dict[str, Job] = {}
-        self.calls: list[tuple[str, ...]] = []
-        self.failing: dict[str, int] = {}
-        self.unreachable = False
-
-    def _call(self, method: str, *args: str) -> None:
-        self.calls.append((method, *args))
-        if self.unreachable:
-            raise SlurmError("Unable to contact slurm controller (connect failure)")
-        if self.failing.get(method, 0) > 0:
-            self.failing[method] -= 1
-            raise SlurmError("Socket timed out on send/recv operation")
-
-    def _node(self, name: str) -> SlurmNode:
-        if name not in self.by_name:
-            raise SlurmError(f"Invalid node name specified: {name}")
-        return self.by_name[name]
-
-    def called(self, method: str, node: str | None = None) -> list[tuple[str, ...]]:
-        return [c for c in self.calls if c[0] == method and (node is None or c[1] == node)]
-
-    def fail(self, method: str, times: int = 1) -> None:
-        self.failing[method] = times
-
-    # reads
-
-    def nodes(self) -> list[NodeInfo]:
-        self._call("nodes")
-        return [n.info() for n in self.by_name.values()]
 
     def node(self, name: str) -> NodeInfo | None:
-        self._call("node", name)
-        found = self.by_name.get(name)
-        if found is not None and found.reboot_next:
-            self.crasher.point("rebooting")  # killed while Slurm holds the reboot
-        return found.info() if found is not None else None
-
-    def jobs_on(self, node: str) -> list[JobInfo]:
-        self._call("jobs_on", node)
-        return [
-            JobInfo(
-                j.job_id,
-                "train",
-                "alice",
-                j.state,
-                "None",
-                j.node,
-                requeue=True,
-                restart_count=0,
-                comment=j.comment,
-                admin_comment=j.admin_comment,
-                gpus_by_node={} if j.gpus is None else {node: j.gpus},
-            )
-            for j in self.jobs_.values()
-            if j.node == node and j.state == "RUNNING"
-        ]
-
-    # writes
-
-    def drain(self, node: str, reason: str) -> None:
-        self._call("drain", node, reason)
-        n = self._node(node)
-        n.drain, n.reason, n.reason_time = True, reason, self.clock.epoch()
-
-    def resume(self, node: str) -> None:
-        self._call("resume", node)
-        n = self._node(node)
-        if n.in_service:
-            raise SlurmError(f"Invalid node state transition requested for {node}")
-        n.drain, n.reason, n.reason_time = False, "", 0
-        if n.state == "DOWN":
-            n.state = "IDLE"
-
-    def reboot(self, node: str, reason: str, nextstate: str = "RESUME") -> None:
-        self._call("reboot", node, reason, nextstate)
-        n = self._node(node)
-        # ASAP: drained so that nothing new starts, rebooted once idle.
-        n.drain, n.reason, n.reason_time, n.reboot_next = (
-            True,
-            reason,
-            self.clock.epoch(),
-            nextstate,
-        )
-
-    def requeue(self, job_id: str) -> None:
-        self._call("requeue", job_id)
-        job = self.jobs_[job_id]
-        job.state, job.node = "PENDING", ""
-
-    def set_admin_comment(self, job_id: str, text: str) -> None:
-        self._call("set_admin_comment", job_id, text)
-        self.jobs_[job_id].admin_comment = text
-
-    # not the ladder's: a call is a test failure
-
-    def jobs(self, ids: Sequence[str] | None = None) -> list[JobInfo]:
-        raise AssertionError("unexpected Slurm call: jobs")
-
-    def release(self, job_id: str) -> None:
-        raise AssertionError("unexpected Slurm call: release")
-
-    def hold(self, job_id: str) -> None:
-        raise AssertionError("unexpected Slurm call: hold")
-
-    def start_now(self, job_id: str) -> None:
-        raise AssertionError("unexpected Slurm call: start_now")
-
-    # the rest of the cluster: admins, jobs, the RebootProgram (not recorded as calls)
-
-    def admin_drain(self, node: str, reason: str) -> None:
-        n = self.by_name[node]
-        n.drain, n.reason, n.reason_time = True, reason, self.clock.epoch()
-
-    def admin_resume(self, node: str) -> None:
-        n = self.by_name[node]
-        n.drain, n.reason, n.reason_time, n.state = False, "", 0, "IDLE"
-
-    def start_job(
-        self, job_id: str, node: str, comment: str = "", gpus: frozenset[int] | None = None
-    ) -> Job:
-        self.jobs_[job_id] = job = Job(job_id, node, comment, gpus=gpus)
-        self.by_name[node].state = "ALLOCATED"
-        return job
-
-    def end_job(self, job_id: str) -> None:
-        job = self.jobs_[job_id]
-        job.state = "COMPLETED"
-        if not self.running_on(job.node) and self.by_name[job.node].state == "ALLOCATED":
-            self.by_name[job.node].state = "IDLE"
-
-    def running_on(self, node: str) -> bool:
-        return any(j.node == node and j.state == "RUNNING" for j in self.jobs_.values())
+        found = super().node(name)
+        if found is not None and found.reboot_pending:
+            self.crasher.point("rebooting")
+        return found
 
 
 # --- the node --------------------------------------------------------------------------------
@@ -434,7 +272,7 @@ class World:
         self.url = f"sqlite:///{db}"
         self.clock = Clock()
         self.crasher = Crasher()
-        self.slurm = FakeSlurm(self.clock, self.crasher)
+        self.slurm = LadderSlurm(self.clock, self.crasher)
         self.settings = RemediationSettings(
             gpu_reset=("fake-gpu-reset", "{node}", "{gpu}"),
             driver_reload=("fake-driver-reload", "{node}"),

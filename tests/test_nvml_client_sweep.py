@@ -41,22 +41,9 @@ from healthd.nvml_client import (
     run_sweep,
 )
 from tests.conftest import poll
+from tests.fakes import FakeNvml, NVMLError, NVMLError_NotSupported
 
 # --- a fake pynvml ------------------------------------------------------------------------
-
-
-class NVMLError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(f"NVML error {value}")
-        self.value = value
-
-
-class NVMLError_NotSupported(NVMLError):
-    pass
-
-
-class NVMLError_FunctionNotFound(NVMLError):
-    pass
 
 
 class _Pci:
@@ -67,35 +54,19 @@ class _Pci:
 HANGS = ("hang", "hang2")  # released at the end of this round, of the next one
 
 
-class FakeNvml:
+class TemperatureNvml(FakeNvml):
     """Answers each temperature read as `answers[gpu]` says: ok, not_supported, lost,
     uninit (NVML_ERROR_UNINITIALIZED), hang / hang2 (wait for `release[gpu]`), bug."""
 
-    NVMLError = NVMLError
-    NVMLError_NotSupported = NVMLError_NotSupported
-    NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
     NVML_TEMPERATURE_GPU = 0
 
     def __init__(self, gpus: int) -> None:
-        self.gpus = gpus
+        super().__init__(gpus)
         self.answers: dict[int, str] = {}
         self.release: dict[int, threading.Event] = {}
         self.in_call: set[int] = set()  # GPUs with a temperature read under way
-        self.inits = 0
         self.temperature_calls = 0
         self._lock = threading.Lock()
-
-    def nvmlInit(self) -> None:
-        self.inits += 1
-
-    def nvmlShutdown(self) -> None:
-        pass
-
-    def nvmlDeviceGetCount(self) -> int:
-        return self.gpus
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        return index
 
     def nvmlDeviceGetUUID(self, handle: int) -> str:
         return f"GPU-{handle}"
@@ -135,7 +106,7 @@ class FakeNvml:
 
 
 def client_for(
-    nv: FakeNvml, timeout: float = 0.2, kind: type[PynvmlClient] = PynvmlClient
+    nv: TemperatureNvml, timeout: float = 0.2, kind: type[PynvmlClient] = PynvmlClient
 ) -> PynvmlClient:
     loader: Any = lambda: nv  # noqa: E731 (a module, as far as the client knows)
     return kind(call_timeout=timeout, loader=loader, clock=lambda: 7.0).open()
@@ -164,7 +135,7 @@ def settled(client: PynvmlClient) -> int:
 
 
 def test_a_sweep_is_one_worker_hop_with_every_reading() -> None:
-    nv = FakeNvml(8)
+    nv = TemperatureNvml(8)
     nv.answers = {2: "not_supported", 5: "lost"}
     client = client_for(nv)
     hops: list[str] = []
@@ -194,7 +165,7 @@ def test_a_sweep_is_one_worker_hop_with_every_reading() -> None:
 
 
 def test_a_hang_on_gpu_3_of_8_times_out_that_gpu_only_then_fails_fast_then_recovers() -> None:
-    nv = FakeNvml(8)
+    nv = TemperatureNvml(8)
     nv.answers = {3: "hang"}
     client = client_for(nv)
     first = thermals(client)
@@ -221,7 +192,7 @@ def test_a_hang_on_gpu_3_of_8_times_out_that_gpu_only_then_fails_fast_then_recov
 
 
 def test_two_hangs_in_one_sweep_each_get_their_own_deadline_and_worker() -> None:
-    nv = FakeNvml(4)
+    nv = TemperatureNvml(4)
     nv.answers = {0: "hang", 3: "hang"}
     client = client_for(nv, timeout=0.1)
     samples = thermals(client)
@@ -237,7 +208,7 @@ def test_two_hangs_in_one_sweep_each_get_their_own_deadline_and_worker() -> None
 
 
 def test_an_exception_in_a_call_or_the_plan_is_raised_and_the_next_sweep_runs() -> None:
-    nv = FakeNvml(4)
+    nv = TemperatureNvml(4)
     nv.answers = {1: "bug"}
     client = client_for(nv)
     with pytest.raises(ZeroDivisionError, match="a bug in a call"):
@@ -256,7 +227,7 @@ def test_an_exception_in_a_call_or_the_plan_is_raised_and_the_next_sweep_runs() 
 
 
 def test_uninitialized_reinitialises_inside_a_sweep() -> None:
-    nv = FakeNvml(3)
+    nv = TemperatureNvml(3)
     nv.answers = {1: "uninit"}
     client = client_for(nv)
     samples = thermals(client)
@@ -265,7 +236,7 @@ def test_uninitialized_reinitialises_inside_a_sweep() -> None:
 
 
 def test_a_sweep_started_inside_a_sweep_runs_in_place() -> None:
-    nv = FakeNvml(2)
+    nv = TemperatureNvml(2)
     client = client_for(nv)
 
     def outer() -> Generator[Callable[[], Any], Reading[Any], list[Any]]:
@@ -289,7 +260,9 @@ class CallByCall(PynvmlClient):
         return run_sweep(plan)
 
 
-def _end_round(client: PynvmlClient, nv: FakeNvml, round_no: int, hangs: dict[int, int]) -> None:
+def _end_round(
+    client: PynvmlClient, nv: TemperatureNvml, round_no: int, hangs: dict[int, int]
+) -> None:
     """Release the hangs due at the end of this round; wait until the client saw their
     calls return (so both clients start the next round in the same state)."""
     for gpu, until in list(hangs.items()):
@@ -314,7 +287,7 @@ def test_swept_and_call_by_call_give_the_same_readings_and_streaks(
 ) -> None:
     results = []
     for swept in (False, True):
-        nv = FakeNvml(3)
+        nv = TemperatureNvml(3)
         client = client_for(nv, timeout=0.1, kind=PynvmlClient if swept else CallByCall)
         hangs: dict[int, int] = {}
         seen = []
@@ -380,7 +353,7 @@ class _Process:
         self.pid, self.usedGpuMemory = pid, 512 << 20
 
 
-class FakeNvmlWithProcesses(FakeNvml):
+class ProcessesNvml(TemperatureNvml):
     """Processes and memory too: GPU 1's memory read hangs, GPU 2's processes are lost."""
 
     nvmlMemory_v2 = 2
@@ -405,7 +378,7 @@ def test_gpu_processes_keeps_the_processes_when_only_the_memory_read_hangs(
 ) -> None:
     """The check's sweep yields processes, then memory: a timeout ends the memory read only,
     as when `_usage` caught the memory call's NvmlError."""
-    nv = FakeNvmlWithProcesses(3)
+    nv = ProcessesNvml(3)
     client = client_for(nv, timeout=0.1)
     jobs = StaticJobState(JobState(running=False, idle_seconds=600))
     ctx = CheckContext.for_root(tmp_path, nvml=GpuContext(client, jobs=jobs))

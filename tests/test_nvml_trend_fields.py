@@ -22,36 +22,19 @@ from cli.lab import scenario as sc
 from cli.lab.nvml.build import build_library
 from healthd.nvml_client import _TREND_FIELDS, PynvmlClient, TrendCounters
 from medic_core import proc
+from tests.fakes import FakeNvml, NVMLError, NVMLError_FunctionNotFound, NVMLError_NotSupported
 
 LINKS = 18
 NOT_SUPPORTED, INVALID_ARGUMENT, UNKNOWN = 3, 2, 999
 REMAPPED, RETIRED, PCIE = (2, 1), (1, 2), 5  # (correctable, uncorrectable), (SBE, DBE)
 
 
-class NVMLError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(f"NVML error {value}")
-        self.value = value
-
-
-class NVMLError_NotSupported(NVMLError):
-    pass
-
-
-class NVMLError_FunctionNotFound(NVMLError):
-    pass
-
-
-class FakeNvml:
+class CounterNvml(FakeNvml):
     """One GPU whose link `l` has counted `per_link[c] * (l + 1)` errors of counter c, with
     REMAPPED rows, RETIRED pages and PCIE replays. The fields answer as `fields` says: ok,
     not_supported (per field), missing (an older driver: no such function), unknown (an
     error on the NVLink replay field); `nvlinks` = 0 is a PCIe card (no NVLink at all)."""
 
-    NVMLError = NVMLError
-    NVMLError_NotSupported = NVMLError_NotSupported
-    NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
-    NVML_SUCCESS = 0
     NVML_NVLINK_MAX_LINKS = LINKS
     NVML_NVLINK_ERROR_DL_REPLAY, NVML_NVLINK_ERROR_DL_RECOVERY = 0, 1
     NVML_NVLINK_ERROR_DL_CRC_FLIT, NVML_NVLINK_ERROR_DL_CRC_DATA = 2, 3
@@ -68,19 +51,11 @@ class FakeNvml:
     NVML_PERF_POLICY_POWER, NVML_PERF_POLICY_THERMAL = 0, 1
 
     def __init__(self, fields: str = "ok", nvlinks: int = LINKS) -> None:
+        super().__init__(gpus=1)
         self.fields = fields
         self.nvlinks = nvlinks
         self.per_link = {0: 1, 1: 2, 2: 3, 3: 4}  # replay, recovery, crc flit, crc data
         self.calls = {"fields": 0, "links": 0, "own": 0}
-
-    def nvmlInit(self) -> None:
-        pass
-
-    def nvmlShutdown(self) -> None:
-        pass
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        return index
 
     def total(self, counter: int) -> int:
         return sum(self.per_link[counter] * (link + 1) for link in range(self.nvlinks))
@@ -154,7 +129,7 @@ class FakeNvml:
 OWN_CALLS = 4  # remapped rows 1, retired pages 2, PCIe replays 1
 
 
-def client_for(nv: FakeNvml) -> PynvmlClient:
+def client_for(nv: CounterNvml) -> PynvmlClient:
     loader: Any = lambda: nv  # noqa: E731 (a module, as far as the client knows)
     return PynvmlClient(call_timeout=5.0, loader=loader).open()
 
@@ -164,13 +139,13 @@ def read(client: PynvmlClient) -> dict[str, int | None]:
 
 
 def test_the_counters_come_from_one_field_call_and_equal_their_own_calls() -> None:
-    nv = FakeNvml("ok")
+    nv = CounterNvml("ok")
     with client_for(nv) as client:
         assert read(client) == nv.expected()
         assert read(client) == nv.expected()
     assert nv.calls == {"fields": 2, "links": 0, "own": 0}
     # The own calls (what an older driver gets, link by link for NVLink) agree.
-    old = FakeNvml("missing")
+    old = CounterNvml("missing")
     with client_for(old) as client:
         assert read(client) == nv.expected()
     assert old.calls == {"fields": 1, "links": 4 * LINKS, "own": OWN_CALLS}
@@ -178,7 +153,7 @@ def test_the_counters_come_from_one_field_call_and_equal_their_own_calls() -> No
 
 @pytest.mark.parametrize("fields", ["not_supported", "missing"])
 def test_a_gpu_without_the_fields_is_read_by_own_calls_and_not_asked_again(fields: str) -> None:
-    nv = FakeNvml(fields)
+    nv = CounterNvml(fields)
     client = client_for(nv)
     for _ in range(3):
         assert read(client) == nv.expected()
@@ -191,7 +166,7 @@ def test_a_gpu_without_the_fields_is_read_by_own_calls_and_not_asked_again(field
 
 
 def test_an_error_on_a_field_reads_its_counter_by_its_calls_this_time_only() -> None:
-    nv = FakeNvml("unknown")
+    nv = CounterNvml("unknown")
     with client_for(nv) as client:
         assert read(client) == nv.expected()
         assert nv.calls == {"fields": 1, "links": 2 * LINKS, "own": 0}  # NVLink replays only
@@ -201,7 +176,7 @@ def test_an_error_on_a_field_reads_its_counter_by_its_calls_this_time_only() -> 
 
 
 def test_a_pcie_card_has_no_nvlink_counters_and_the_others_still_come_from_the_fields() -> None:
-    nv = FakeNvml("ok", nvlinks=0)
+    nv = CounterNvml("ok", nvlinks=0)
     with client_for(nv) as client:
         assert read(client) == nv.expected()
         first = dict(nv.calls)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import shutil
 import sys
 import threading
-import types
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from medic_core.config import load_config
 from medic_core.settings import RemediationSettings
 from remediation import repair
 from remediation.repair import Tools
+from tests.fakes import FakeNvml
 from tests.test_systemd_unit import unit_lines
 
 SYSTEMD = Path(__file__).parent.parent / "systemd"
@@ -224,24 +224,6 @@ def test_the_entry_point_refuses_a_bad_instance_in_one_line() -> None:
 
 
 # --- the daemon lets go of NVML around a repair ------------------------------------------------
-
-
-class FakeNvml(types.SimpleNamespace):
-    """The few pynvml calls the client makes to open and shut down, counted."""
-
-    class NVMLError(Exception):
-        pass
-
-    def __init__(self) -> None:
-        super().__init__(inits=0, shutdowns=0, open=False)
-
-    def nvmlInit(self) -> None:
-        self.inits += 1
-        self.open = True
-
-    def nvmlShutdown(self) -> None:
-        self.shutdowns += 1
-        self.open = False
 
 
 class StubListener:

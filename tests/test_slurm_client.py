@@ -37,6 +37,7 @@ from medic_core.store import open_store
 from remediation.give_back import give_back
 from slurm_hooks.release import REVOKE_GRACE
 from tests.conftest import poll
+from tests.fakes import FakeSlurm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 
@@ -309,21 +310,10 @@ def test_parse_reason(reason: str | None, parsed: MedicReason | None) -> None:
     assert is_medic_reason(reason) is (parsed is not None)
 
 
-class FakeSlurm:
-    """In-memory nodes for the drain/resume rules; the real cluster is below."""
-
-    def __init__(self, node: NodeInfo | None) -> None:
-        self.current = node
-        self.calls: list[str] = []
-
-    def node(self, name: str) -> NodeInfo | None:
-        return self.current
-
-    def drain(self, node: str, reason: str) -> None:
-        self.calls.append(f"drain {reason}")
-
-    def resume(self, node: str) -> None:
-        self.calls.append("resume")
+def fake_with(node: NodeInfo | None) -> FakeSlurm:
+    """In-memory Slurm holding `node` (or no node) for the drain/resume rules; the real
+    cluster is below."""
+    return FakeSlurm([] if node is None else [node])
 
 
 def _node(state: str, flags: Sequence[str] = (), reason: str = "") -> NodeInfo:
@@ -347,14 +337,14 @@ OURS = "medic: gpu.xid.79 gpu2 GPU has fallen off the bus"
     ],
 )
 def test_drain_if_allowed(node: NodeInfo | None, outcome: DrainOutcome, drained: bool) -> None:
-    fake = FakeSlurm(node)
-    assert drain_if_allowed(fake, "n1", OURS) is outcome  # type: ignore[arg-type]
-    assert fake.calls == ([f"drain {OURS}"] if drained else [])
+    fake = fake_with(node)
+    assert drain_if_allowed(fake, "n1", OURS) is outcome
+    assert fake.calls == ([("drain", "n1", OURS)] if drained else [])
 
 
 def test_drain_if_allowed_takes_only_medic_reasons() -> None:
     with pytest.raises(ValueError, match="not a Medic drain reason"):
-        drain_if_allowed(FakeSlurm(_node("IDLE")), "n1", "maintenance")  # type: ignore[arg-type]
+        drain_if_allowed(fake_with(_node("IDLE")), "n1", "maintenance")
 
 
 @pytest.mark.parametrize(
@@ -372,13 +362,13 @@ def test_drain_if_allowed_takes_only_medic_reasons() -> None:
 def test_resume_of_medics_recorded_drain(
     node: NodeInfo | None, outcome: DrainOutcome, tmp_path: Path
 ) -> None:
-    fake = FakeSlurm(node)
+    fake = fake_with(node)
     with open_store(f"sqlite:///{tmp_path / 'medic.db'}") as store:
         book = DrainBook.of(store)
         book.record_drain("n1", OURS, actor="daemon")  # Medic's record of its drain
-        done = give_back(fake, book, "n1", actor="test")  # type: ignore[arg-type]
+        done = give_back(fake, book, "n1", actor="test")
     assert done.outcome is outcome
-    assert fake.calls == (["resume"] if outcome is DrainOutcome.RESUMED else [])
+    assert fake.calls == ([("resume", "n1")] if outcome is DrainOutcome.RESUMED else [])
 
 
 # --- contract tests: every backend that imports, against the lab's real Slurm ----------------

@@ -34,6 +34,7 @@ from remediation.spares import (
     parse_reservations,
     parse_reserved_jobs,
 )
+from tests.fakes import REQUEUE_DISABLED, FakeSlurm
 from tests.test_ladder_unit import XID_95, World, template_db  # noqa: F401 (a fixture)
 from tests.test_ladder_unit import world as world  # the fixture
 
@@ -128,32 +129,16 @@ def test_reservations_parse() -> None:
 # --- the pool's actions -------------------------------------------------------------------------
 
 
-class FakeSlurm:
-    """Nodes, jobs and reservations in memory; every write recorded in `calls`."""
+class SpareSlurm(FakeSlurm):
+    """tests.fakes.FakeSlurm with reservations (what `SparesSlurm` adds to the client): the
+    reservations Slurm holds and the jobs it shows in each (`squeue -R`), each write
+    recorded in `calls`."""
 
     def __init__(self, nodes: Sequence[NodeInfo], jobs: Sequence[JobInfo] = ()) -> None:
-        self.table = {n.name: n for n in nodes}
-        self.job_table = {j.job_id: j for j in jobs}
-        self.held: dict[str, tuple[str, ...]] = {}
-        # reservation -> the jobs Slurm shows in it (what `squeue -R` lists)
+        super().__init__(nodes, jobs)
+        self.held: dict[str, tuple[str, ...]] = {}  # reservation -> its nodes
         self.in_res: dict[str, dict[str, ReservedJob]] = {}
         self.not_requeueable: set[str] = set()
-        self.calls: list[tuple[str, ...]] = []
-        self.fail: set[str] = set()
-
-    def _call(self, *call: str) -> None:
-        self.calls.append(call)
-        if call[0] in self.fail:
-            raise SlurmError(f"{call[0]}: Requested nodes are busy")
-
-    def nodes(self) -> list[NodeInfo]:
-        return list(self.table.values())
-
-    def node(self, name: str) -> NodeInfo | None:
-        return self.table.get(name)
-
-    def jobs(self, ids: Sequence[str] | None = None) -> list[JobInfo]:
-        return [j for j in self.job_table.values() if ids is None or j.job_id in ids]
 
     def reservations(self) -> dict[str, tuple[str, ...]]:
         return dict(self.held)
@@ -161,21 +146,21 @@ class FakeSlurm:
     def create_reservation(
         self, name: str, node: str, minutes: int, user: str, flags: Sequence[str] = ()
     ) -> None:
-        self._call("create", name, node, user, ",".join(flags))
+        self.record("create", name, node, user, ",".join(flags))
         self.held[name] = (node,)
 
     def set_reservation_nodes(self, name: str, nodes: Sequence[str]) -> None:
-        self._call("set", name, ",".join(nodes))
+        self.record("set", name, ",".join(nodes))
         self.held[name] = tuple(nodes)
 
     def delete_reservation(self, name: str) -> bool:
-        self._call("delete", name)
+        self.record("delete", name)
         if self.in_res.get(name):  # Slurm: "Requested reservation is in use"
             raise SlurmError(f"cannot give back {name}: Requested reservation is in use")
         return self.held.pop(name, None) is not None
 
     def move_job(self, job_id: str, reservation: str) -> None:
-        self._call("move", job_id, reservation)
+        self.record("move", job_id, reservation)
         self.in_res.setdefault(reservation, {})[job_id] = ReservedJob(job_id, "PENDING", ())
 
     def reservation_exists(self, name: str) -> bool:
@@ -185,28 +170,23 @@ class FakeSlurm:
         return list(self.in_res.get(name, {}).values())
 
     def unbind(self, job_id: str) -> None:
-        self._call("unbind", job_id)
+        self.record("unbind", job_id)
         for jobs in self.in_res.values():
             jobs.pop(job_id, None)
 
     def requeue(self, job_id: str) -> None:
+        """A job in a reservation: pending there again (its own record is the pool's)."""
+        self.record("requeue", job_id)
         if job_id in self.not_requeueable:
-            self._call("requeue", job_id)
-            raise SlurmError(f"scontrol requeue {job_id}: Requeue of job is disabled")
-        self._call("requeue", job_id)
+            raise SlurmError(f"scontrol requeue {job_id}: {REQUEUE_DISABLED} for job {job_id}")
         for jobs in self.in_res.values():
             if job_id in jobs:
                 jobs[job_id] = ReservedJob(job_id, "PENDING", ())
 
     def cancel(self, job_id: str) -> None:
-        self._call("cancel", job_id)
+        self.record("cancel", job_id)
         for jobs in self.in_res.values():
             jobs.pop(job_id, None)
-
-    def resume(self, name: str) -> None:
-        self._call("resume", name)
-        old = self.table[name]
-        self.table[name] = NodeInfo(name, old.state, old.flags - {"DRAIN"})
 
 
 @pytest.fixture
@@ -219,9 +199,9 @@ def job(job_id: str = "4", nodes: str = "n1", user: str = "alice") -> JobInfo:
     return JobInfo(job_id, "train", user, "PENDING", "BeginTime", nodes, True, 1)
 
 
-def busy_lab() -> FakeSlurm:
+def busy_lab() -> SpareSlurm:
     """n1 drained by Medic under the requeued job 4, n2-n3 busy, n5 the pool's spare."""
-    slurm = FakeSlurm(
+    slurm = SpareSlurm(
         [
             node("n1", "IDLE", "DRAIN", reason="medic: gpu.xid.79 gpu0"),
             node("n2", "ALLOCATED"),
@@ -234,7 +214,7 @@ def busy_lab() -> FakeSlurm:
     return slurm
 
 
-def pool(slurm: FakeSlurm, store: Store, at: str = "n1", **settings: object) -> SparePool:
+def pool(slurm: SpareSlurm, store: Store, at: str = "n1", **settings: object) -> SparePool:
     chosen = SpareSettings(**{"size": 1, **settings})  # type: ignore[arg-type]
     return SparePool(chosen, slurm, store, at)  # type: ignore[arg-type]
 
@@ -268,7 +248,7 @@ def test_hand_over_takes_the_spare_out_of_the_pool_into_the_jobs_reservation(
 
 def test_a_pool_of_two_keeps_its_other_spare(store: Store) -> None:
     slurm = busy_lab()
-    slurm.table["n6"] = node("n6", "IDLE", "RESERVED")
+    slurm.add_node(node("n6", "IDLE", "RESERVED"))
     slurm.held["medic-spares"] = ("n5", "n6")
     assert pool(slurm, store, size=2).hand_over("4", 0).node == "n5"
     assert slurm.calls[-1] == ("set", "medic-spares", "n6")
@@ -276,7 +256,7 @@ def test_a_pool_of_two_keeps_its_other_spare(store: Store) -> None:
 
 def test_a_crash_and_the_same_fault_answered_again_hand_no_second_spare(store: Store) -> None:
     slurm = busy_lab()
-    slurm.table["n6"] = node("n6", "IDLE", "RESERVED")
+    slurm.add_node(node("n6", "IDLE", "RESERVED"))
     slurm.held["medic-spares"] = ("n5", "n6")
     # The daemon recorded the intent, then died before Slurm did anything.
     first = pool(slurm, store, size=2)
@@ -291,7 +271,7 @@ def test_a_crash_and_the_same_fault_answered_again_hand_no_second_spare(store: S
 
 def test_a_free_node_means_no_spare(store: Store) -> None:
     slurm = busy_lab()
-    slurm.table["n3"] = node("n3")  # idle, in service, in no reservation
+    slurm.add_node(node("n3"))  # idle, in service, in no reservation
     got = pool(slurm, store).hand_over("4", 0)
     assert got.node == "" and "free" in got.why
     assert slurm.calls == [] and spare_events(store) == []
@@ -299,16 +279,16 @@ def test_a_free_node_means_no_spare(store: Store) -> None:
 
 def test_the_jobs_own_nodes_and_reserved_nodes_are_not_free(store: Store) -> None:
     slurm = busy_lab()
-    slurm.job_table["4"] = job(nodes="n[1,3]")
-    slurm.table["n3"] = node("n3")  # the job's other node, idle after the requeue
-    slurm.table["n7"] = node("n7", "IDLE", "RESERVED")
+    slurm.add_job(job(nodes="n[1,3]"))
+    slurm.add_node(node("n3"))  # the job's other node, idle after the requeue
+    slurm.add_node(node("n7", "IDLE", "RESERVED"))
     slurm.held["someone-else"] = ("n7",)
     assert pool(slurm, store).hand_over("4", 0).node == "n5"
 
 
 def test_slurm_refusing_leaves_the_job_to_the_queue_and_is_recorded(store: Store) -> None:
     slurm = busy_lab()
-    slurm.fail.add("create")
+    slurm.fail("create", None, "Requested nodes are busy")
     got = pool(slurm, store).hand_over("4", 0)
     assert got.node == "" and "busy" in got.why
     assert spare_events(store) == [HANDING, FAILED]
@@ -319,7 +299,7 @@ def test_slurm_refusing_leaves_the_job_to_the_queue_and_is_recorded(store: Store
 
 def test_a_job_gone_meanwhile_gets_nothing(store: Store) -> None:
     slurm = busy_lab()
-    slurm.job_table.clear()
+    slurm.jobs_.clear()
     got = pool(slurm, store).hand_over("4", 0)
     assert got.node == "" and "not found" in got.why and slurm.calls == []
 
@@ -509,14 +489,14 @@ def fresh_looks() -> Iterator[None]:
     spares_module._next_look.clear()
 
 
-def handed_lab(store: Store) -> FakeSlurm:
+def handed_lab(store: Store) -> SpareSlurm:
     slurm = busy_lab()
     assert pool(slurm, store).hand_over(BOUND, 0).node == "n5"
     slurm.calls.clear()
     return slurm
 
 
-def start(slurm: FakeSlurm, job_id: str, nodes: tuple[str, ...] = ("n5",)) -> None:
+def start(slurm: SpareSlurm, job_id: str, nodes: tuple[str, ...] = ("n5",)) -> None:
     slurm.in_res.setdefault(RES, {})[job_id] = rj(job_id, "RUNNING", nodes)
 
 
@@ -621,9 +601,9 @@ def test_only_the_spares_own_daemon_tends_it(store: Store) -> None:
 def test_slurm_failing_while_tending_is_tried_again_at_the_next_loop(store: Store) -> None:
     slurm = handed_lab(store)
     start(slurm, BOUND)
-    slurm.fail.add("unbind")
+    slurm.fail("unbind", None)
     assert pool(slurm, store, at="n5").tend() == []
-    slurm.fail.clear()
+    slurm.fail("unbind", 0)
     [done] = pool(slurm, store, at="n5").tend()
     assert done.delete and RES not in slurm.held
 

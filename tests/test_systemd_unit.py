@@ -28,6 +28,7 @@ from medic_core.api import ask
 from medic_core.config import load_config
 from medic_core.store import open_configured_store
 from tests.conftest import poll
+from tests.fakes import FakeClock
 from tests.test_daemon import plain_config, start_daemon, stop_daemon
 
 SYSTEMD = Path(__file__).parent.parent / "systemd"
@@ -217,16 +218,8 @@ def test_a_reload_is_bracketed_by_reloading_and_ready(
     assert received(listener) == "READY=1"
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 500.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_status_line_names_gpus_the_last_round_and_the_faults(daemon: HealthDaemon) -> None:
-    clock = FakeClock()
+    clock = FakeClock(500.0)
     daemon.heartbeat = Heartbeat(clock)
     assert daemon.status_line() == "watching no GPUs (CPU node); no check round yet; 0 CRITICAL"
     daemon.heartbeat.beat()

@@ -17,14 +17,7 @@ from healthd.nvml_client import NvmlError
 from healthd.watchdog import Heartbeat, Watchdog
 from healthd.xid_listener import XidListener
 from tests.conftest import poll
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import FakeClock
 
 
 class HangingEvents:

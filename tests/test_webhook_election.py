@@ -16,17 +16,10 @@ from medic_core.settings import WebhookSettings
 from medic_core.store import Store, open_store
 from remediation.webhook import SENDER_LOCK_KEY, SenderElection, deliver_pending
 from tests.conftest import poll
+from tests.fakes import FakeClock
 from tests.pg import PostgresServer, pg_server, pg_url  # noqa: F401  (pytest fixtures)
 
 PERIOD = 60.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -40,7 +33,7 @@ def two(pg_server: PostgresServer) -> Iterator[tuple[Store, Store]]:  # noqa: F8
         b.close()
 
 
-def elect(store: Store, clock: Clock, rng: float = 0.0) -> SenderElection:
+def elect(store: Store, clock: FakeClock, rng: float = 0.0) -> SenderElection:
     return SenderElection(store, period=PERIOD, verify_every=10.0, clock=clock, rng=lambda: rng)
 
 
@@ -67,7 +60,7 @@ def test_two_stores_exactly_one_sender(
     pg_server: PostgresServer,  # noqa: F811
 ) -> None:
     a, b = two
-    clock = Clock()
+    clock = FakeClock()
     ea, eb = elect(a, clock), elect(b, clock)
     assert ea.is_sender() is True
     assert eb.is_sender() is False
@@ -85,7 +78,7 @@ def test_sender_connection_killed_the_other_takes_over(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     a, b = two
-    clock = Clock()
+    clock = FakeClock()
     ea, eb = elect(a, clock), elect(b, clock)
     assert ea.is_sender() and not eb.is_sender()
     url = a.engine.url.render_as_string(hide_password=False)
@@ -116,7 +109,7 @@ def test_sender_store_closed_the_other_takes_over(
     url = pg_server.create_database("election")
     a, b = open_store(url), open_store(url)
     try:
-        clock = Clock()
+        clock = FakeClock()
         ea, eb = elect(a, clock, rng=0.99), elect(b, clock, rng=0.99)
         assert ea.is_sender() and not eb.is_sender()
         a.close()  # the daemon stops: its engine is disposed, the held session with it
@@ -143,7 +136,7 @@ def test_non_sender_issues_no_outbox_query(
 
     event.listen(a.engine, "before_cursor_execute", counter("a"))
     event.listen(b.engine, "before_cursor_execute", counter("b"))
-    clock = Clock()
+    clock = FakeClock()
     ea, eb = elect(a, clock), elect(b, clock)
     settings = WebhookSettings(url="http://127.0.0.1:9/", secret=b"k", allow_http=True)
     for _ in range(5):  # five ladder rounds, two seconds apart
@@ -162,5 +155,5 @@ def test_non_sender_issues_no_outbox_query(
 def test_sqlite_every_daemon_sends(tmp_path: Any) -> None:
     url = f"sqlite:///{tmp_path / 'medic.db'}"
     with open_store(url) as a, open_store(url) as b:
-        clock = Clock()
+        clock = FakeClock()
         assert elect(a, clock).is_sender() and elect(b, clock).is_sender()
