@@ -283,11 +283,13 @@ class LadderThread:
             return "not adopted"
         return f"adopted: episode {admission.episode.id} {admission.episode.state}"
 
-    def guard_launch(self, job_id: str) -> None:
+    def guard_launch(self, job_id: str) -> Finding | None:
         """A job about to start on this node (the launch gate, in its prolog): a handed
-        spare refuses it now unless it is the run it was handed to (SparePool.guard_launch)."""
-        if self.spares is not None and self._spare_watch:
-            self.spares().guard_launch(job_id)
+        spare refuses it unless it is the run it was handed to (SparePool.guard_launch):
+        the finding the gate refuses the launch for, or None."""
+        # Not this thread's `_spare_watch`, which lags a join by a loop: the pool's own
+        # note (SparePool.watching), set the moment this node joins or is seen handed.
+        return self.spares().guard_launch(job_id) if self.spares is not None else None
 
     def fill_pool(self) -> None:
         """This node, listed in [remediation.spares] nodes and idle in service, joins a
@@ -311,6 +313,7 @@ class LadderThread:
         try:
             if idle_in_service(pool.slurm.node(node)) and not pool.wants(node):
                 pool.join(node, self.deep_findings)
+                self._spare_watch = pool.watching()  # may be handed from now on
         except SlurmError as exc:
             log.info("%s: not taken as a spare: %s", node, exc)
 
@@ -654,8 +657,9 @@ def attach_spares(daemon: LadderDaemon, ladder: Ladder, thread: LadderThread) ->
     def pool() -> SparePool:
         hooks = HookSettings.from_config(daemon.config)
         slurm = SparesSlurm(env=slurm_env(daemon.config), timeout=hooks.slurm_timeout)
+        grace = hooks.launch_budget + 5.0  # the prolog's budget, its actions, slurmctld
         return SparePool(SpareSettings.from_config(daemon.config), slurm, daemon.store,
-                         daemon.node)  # fmt: skip
+                         daemon.node, prolog_grace=grace)  # fmt: skip
 
     def offer() -> str:
         spares = pool()

@@ -23,6 +23,7 @@ from medic_core.settings import DaemonSettings, HookSettings
 from medic_core.store import Severity, Store
 
 if TYPE_CHECKING:
+    from medic_core.vocabulary import Finding
     from remediation.tickets import NodeRails
 
 log = logging.getLogger("medic.healthd")
@@ -90,8 +91,9 @@ class LaunchGate:
         # (monotonic, open RMA tickets, the drain cap's hold, the GPUs isolation took out)
         self._rails_seen: tuple[float, list[int], str, tuple[int, ...]] | None = None
         # Called with the job's id before its verdict (the ladder thread's `guard_launch`:
-        # a handed spare refuses another job before its script runs); never raises here.
-        self.before_launch: Callable[[str], None] | None = None
+        # a handed spare refuses another job in its prolog, so its script never starts): a
+        # finding to refuse the launch for, or None; never raises here.
+        self.before_launch: Callable[[str], Finding | None] | None = None
 
     @property
     def recorder(self) -> EventRecorder:
@@ -114,10 +116,17 @@ class LaunchGate:
         blocks (and the results that are not OK). The decision is recorded for the job
         after the reply, not before (gate_recorder)."""
         if job_id is not None and self.before_launch is not None:
+            refusal = None
             try:
-                self.before_launch(job_id)
+                refusal = self.before_launch(job_id)
             except Exception:  # the spare's loop tends it again; the job's launch goes on
                 log.exception("job %s: the check before its launch failed", job_id)
+            if refusal is not None:  # no check can change this answer: none is run
+                reply = {"node": self.host.node, "tier": Tier.LAUNCH.value,
+                         "status": Status.CRITICAL.value, "ran": [], "seconds": 0.0}  # fmt: skip
+                found = [refusal.as_json()]
+                return {**reply, **self.gate(job_id, {**reply, "results": found}),
+                        "results": found}  # fmt: skip
         verdict = self._verdict(budget, fresh_only=fresh_only)
         if "status" not in verdict:  # "stale: ask again"
             return verdict

@@ -725,6 +725,9 @@ class SpareTending:
     unbind: tuple[str, ...]
     delete: bool
     why: str
+    # The job in its prolog on the spare (`launching`) that is not the bound run: refused
+    # there (the prolog fails, so its script never starts), not requeued by Medic.
+    refuse: str = ""
 
 
 def decide_spare_tending(
@@ -733,6 +736,9 @@ def decide_spare_tending(
     in_reservation: Sequence[ReservedJob],
     *,
     moved: bool,
+    launching: str = "",
+    refused: Collection[str] = (),
+    in_prolog: Collection[str] = (),
 ) -> SpareTending:
     """A handed spare admits only the run it was handed to (`bound`). Slurm admits a
     reservation's jobs by user, account or group, never by job, so every other job in it
@@ -741,22 +747,57 @@ def decide_spare_tending(
     reservation goes (cleared of the job first: Slurm refuses to delete a reservation in
     use), so the spare is free when that run ends, fails or is requeued. A bound job not in
     the reservation (it ended, or was never moved in: `moved` False while the hand-over
-    may still be moving it) gives the spare back at once."""
+    may still be moving it) gives the spare back at once.
+
+    `launching`: a job in its prolog on the spare (the launch gate asks before its verdict).
+    Another job of the reservation is refused there, `refuse`: the prolog fails, so Slurm
+    never starts its script (a requeue during the prolog does not always stop it), and it
+    is left to Slurm's requeue rather than requeued by Medic as well, as are the jobs
+    already `refused` in their prolog whose refusal still holds the spare. A job that may
+    still be in its prolog (`in_prolog`: on the spare for less than the prolog's time;
+    Slurm shows it RUNNING or CONFIGURING) is left to that prolog, which asks this daemon:
+    it is refused there, or it is still running once its prolog had its time (the daemon
+    did not answer it) and is requeued then."""
     others = [j for j in in_reservation if j.job_id != bound]
-    requeue = tuple(j.job_id for j in others if j.state != "PENDING")
-    unbind = tuple(j.job_id for j in others)
+    refuse = launching if launching and any(j.job_id == launching for j in others) else ""
+    prolog = {j.job_id for j in others if j.state == "CONFIGURING"} | set(in_prolog)
+    left = {refuse, *refused, *prolog}
+    requeue = tuple(j.job_id for j in others if j.state != "PENDING" and j.job_id not in left)
+    # Cleared of the reservation once out of its prolog: the prolog's gate looks for it there.
+    unbind = tuple(j.job_id for j in others if j.job_id not in {refuse, *prolog})
     mine = next((j for j in in_reservation if j.job_id == bound), None)
     refused = f"; {len(others)} other job(s) refused" if others else ""
     if mine is None:
         if not moved:
-            return SpareTending(requeue, unbind, False, f"job {bound} being moved in{refused}")
+            why = f"job {bound} being moved in{refused}"
+            return SpareTending(requeue, unbind, False, why, refuse)
         why = f"job {bound} is not in it (ended, failed, requeued or never moved): given back"
-        return SpareTending(requeue, unbind, True, why + refused)
+        return SpareTending(requeue, unbind, True, why + refused, refuse)
     if mine.state == "PENDING":
-        return SpareTending(requeue, unbind, False, f"job {bound} waits for {spare}{refused}")
+        why = f"job {bound} waits for {spare}{refused}"
+        return SpareTending(requeue, unbind, False, why, refuse)
     state = mine.state.lower()
     if spare in mine.nodes:
         why = f"job {bound} {state} on {spare}: its allocation holds it, the reservation goes"
     else:
         why = f"job {bound} {state} without {spare}: given back"
-    return SpareTending(requeue, (*unbind, bound), True, why + refused)
+    return SpareTending(requeue, (*unbind, bound), True, why + refused, refuse)
+
+
+def decide_refusal_lift(
+    refused_states: Sequence[tuple[str, tuple[str, ...]]], spare: str, reason_matches: bool
+) -> str:
+    """Why a spare drained to refuse another job in its prolog stays drained ("" when the
+    drain may be lifted now). `refused_states`: (state, nodes) of each job refused there.
+    The drain is lifted once no refused job is still in its prolog (CONFIGURING) or shown
+    RUNNING on the spare: its prolog has failed, and Slurm has requeued it (lifted earlier,
+    Slurm's own "Prolog error" drain would land on a node in service, and that one is never
+    Medic's); its epilog may still run (COMPLETING), which no other job waits for on an
+    exclusive node. Only while Slurm still shows the refusal's own reason (another drain
+    since is not this one)."""
+    if not reason_matches:
+        return "the spare's drain is no longer the refusal's"
+    for state, nodes in refused_states:
+        if state in ("CONFIGURING", "RUNNING") and spare in nodes:
+            return f"a refused job is still {state.lower()} on {spare}"
+    return ""

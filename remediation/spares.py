@@ -39,10 +39,16 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from medic_core.drain_book import SPARES, DrainBook
+from medic_core.drain_reason import (
+    DrainOutcome,
+    as_slurm_stores,
+    drain_if_allowed,
+    format_reason,
+)
 from medic_core.settings import SpareSettings
 from medic_core.slurm import NodeInfo, SlurmError, expand_hostlist
 from medic_core.status import Status
@@ -52,6 +58,7 @@ from remediation.decide import (
     ReservedJob,
     SpareDecision,
     SpareTending,
+    decide_refusal_lift,
     decide_spare,
     decide_spare_tending,
     spare_key,
@@ -68,8 +75,15 @@ HANDING, HANDED, FAILED, JOINED = "handing", "handed", "failed", "joined"
 # allocation holds the spare), given back (the bound job is not in it), and each other job
 # found in it (refused: requeued off the spare and cleared of the reservation).
 RELEASED, GIVEN_BACK, REFUSED_JOB = "released", "given_back", "refused_job"
+# A job refused in its prolog leaves the spare drained by Medic (the prolog's failure makes
+# Slurm drain it anyway: Medic's drain first keeps it Medic's); lifted once the job is off.
+REFUSAL_LIFTED = "refusal_lifted"
+REFUSAL_FAULT = "spare.handed"
 OPEN_ACTIONS = frozenset({HANDING, HANDED, FAILED})
 ACTOR = "daemon"  # a node's medic-healthd, named in each event's `by`
+# The default `prolog_grace`: [hooks] launch_budget's default, the prolog's 0.3 s for its
+# actions, and slurmctld's own time to show the prolog's end.
+PROLOG_GRACE = 15.0
 # A hand-over recorded as started may still be moving the job into its reservation.
 MOVE_GRACE = dt.timedelta(seconds=60)
 # How often a daemon with no open hand-over looks at the store again (a restart looks at
@@ -162,6 +176,9 @@ class OpenHandOver:
 
 # node -> when (time.monotonic) its daemon looks at the store for open hand-overs next
 _next_look: dict[str, float] = {}
+# (reservation, job) -> when (time.monotonic) a job other than the bound one was first seen
+# started on the spare: its prolog asks this daemon within `prolog_grace` of that.
+_started_seen: dict[tuple[str, str], float] = {}
 # One tend at a time in a daemon: the ladder thread's loop and the launch gate's (a job about
 # to start on a handed spare: `guard_launch`) would otherwise requeue the same job twice.
 _tend_lock = threading.Lock()
@@ -180,12 +197,20 @@ class SparePool:
     step an event in the store before and after it is taken."""
 
     def __init__(
-        self, settings: SpareSettings, slurm: SparesSlurm, store: Store, node: str
+        self,
+        settings: SpareSettings,
+        slurm: SparesSlurm,
+        store: Store,
+        node: str,
+        prolog_grace: float = PROLOG_GRACE,
     ) -> None:
         self.settings = settings
         self.slurm = slurm
         self.store = store
         self.node = node  # the node whose daemon acts (the faulty one, or the one joining)
+        # How long another job started on a handed spare may still be in its prolog (whose
+        # gate refuses it): the launch budget and the prolog's grace for its actions.
+        self.prolog_grace = prolog_grace
 
     # ---- what the store says -------------------------------------------------------------
 
@@ -283,13 +308,22 @@ class SparePool:
 
     # ---- bound to the run -----------------------------------------------------------------
 
-    def open_handovers(self) -> tuple[list[OpenHandOver], bool]:
-        """Hand-overs of this daemon's node (the spare) neither released nor given back,
-        and whether the node may be handed any moment (its last spare event: it joined)."""
+    def open_handovers(self) -> tuple[list[OpenHandOver], bool, list[dict[str, object]]]:
+        """Hand-overs of this daemon's node (the spare) neither released nor given back;
+        whether the node may be handed any moment (its last spare event: it joined); and
+        the evidence of each refusal that drained it since its drain was last lifted
+        (newest first): the spare stays watched until it is lifted. One read of the store."""
         since = dt.datetime.now(dt.UTC) - HANDED_LOOKBACK
         last: dict[str, OpenHandOver] = {}
         events = self.store.events(node=self.node, since=since, kind=EVENT_KIND)
         in_pool = bool(events) and events[0].evidence.get("action") == JOINED  # newest first
+        refusals: list[dict[str, object]] = []
+        for e in events:
+            action = e.evidence.get("action")
+            if action == REFUSAL_LIFTED:
+                break
+            if action == REFUSED_JOB and e.evidence.get("drained"):
+                refusals.append(dict(e.evidence))
         for e in events:
             name = str(e.evidence.get("reservation") or "")
             if not name.startswith(JOB_RESERVATION_PREFIX) or name in last:
@@ -298,7 +332,8 @@ class SparePool:
                 continue
             last[name] = OpenHandOver(str(e.evidence.get("job_id") or ""), self.node, name,
                                       str(e.evidence.get("action") or ""), e.at)  # fmt: skip
-        return [h for h in last.values() if h.job_id and h.action in OPEN_ACTIONS], in_pool
+        handovers = [h for h in last.values() if h.job_id and h.action in OPEN_ACTIONS]
+        return handovers, in_pool, refusals
 
     def tend(self) -> list[SpareTending]:
         """Each open hand-over of this node, the spare, by its own daemon (healthy, and idle
@@ -312,20 +347,29 @@ class SparePool:
         with _tend_lock:
             return self._tend()
 
-    def guard_launch(self, job_id: str) -> list[SpareTending]:
-        """A job's prolog on this node, which may be handed: tend now, before the job's
-        script runs, so another job in the spare's reservation is requeued during its prolog
-        (with PrologFlags=Alloc, Slurm starts a batch script only after the prolog, and
-        never that of a job requeued meanwhile) instead of running until the next loop."""
+    def guard_launch(self, job_id: str) -> Finding | None:
+        """A job's prolog on this node, which may be handed: tend now, before its verdict.
+        Another job of a handed spare's reservation is refused there: the spare is drained
+        with Medic's reason (recorded first) and the finding returned makes the gate refuse
+        the launch, so the prolog fails and Slurm never starts the job's script (a requeue
+        during the prolog left it running in 2 of 5 lab runs). None: the job may start."""
         if not self.watching():
-            return []
+            return None
         with _tend_lock:
-            done = self._tend()
-        if any(job_id in d.requeue for d in done):
-            log.warning("%s: job %s refused in its prolog: the spare is handed", self.node, job_id)
-        return done
+            done = self._tend(launching=job_id)
+        refusal = next((d for d in done if d.refuse == job_id), None)
+        if refusal is None:
+            return None
+        log.warning("%s: job %s refused in its prolog: %s", self.node, job_id, refusal.why)
+        return Finding(
+            check="spares",
+            status=Status.CRITICAL,
+            fault_class=REFUSAL_FAULT,
+            target=f"job:{job_id}",
+            message=f"spare {self.node} is handed to another run: job {job_id} refused",
+        )
 
-    def _tend(self) -> list[SpareTending]:
+    def _tend(self, launching: str = "") -> list[SpareTending]:
         listed = not self.settings.nodes or self.node in self.settings.nodes
         if self.settings.size <= 0 or not listed:
             _next_look.pop(self.node, None)
@@ -333,26 +377,68 @@ class SparePool:
         if time.monotonic() < _next_look.get(self.node, 0.0):
             return []
         try:
-            handovers, in_pool = self.open_handovers()
+            handovers, in_pool, refusals = self.open_handovers()
         except Exception as exc:  # the store down: the next look is a minute away
             log.warning("%s: open hand-overs not read: %s", self.node, exc)
-            handovers, in_pool = [], False
-        watch = handovers or in_pool
+            handovers, in_pool, refusals = [], False, []
+        watch = handovers or in_pool or refusals
         _next_look[self.node] = 0.0 if watch else time.monotonic() + IDLE_LOOK_SECONDS
         done = []
+        refused = {str(r.get("refused") or "") for r in refusals}  # Slurm requeues those
         for handover in handovers:
             try:
-                done.append(self._tend_one(handover))
+                done.append(self._tend_one(handover, launching, refused))
             except SlurmError as exc:
                 log.warning("%s: tending %s failed: %s", self.node, handover.reservation, exc)
+        if refusals and not any(d.refuse for d in done):
+            try:
+                self._lift_refusal(refusals)
+            except SlurmError as exc:
+                log.warning("%s: the refusal's drain not lifted yet: %s", self.node, exc)
         return done
+
+    def _refuse_in_prolog(self, h: OpenHandOver, job_id: str) -> None:
+        """Drain the spare with Medic's reason, recorded before Slurm is asked, so that the
+        drain the prolog's failure brings stays Medic's to lift (a drain already there, an
+        admin's or another episode's, is kept as it is and never lifted by a refusal)."""
+        reason = format_reason(REFUSAL_FAULT, f"job:{h.job_id}", f"refused job {job_id}")
+        book = DrainBook.of(self.store)
+        outcome = drain_if_allowed(self.slurm, self.node, reason, book, actor=SPARES)
+        drained = outcome is DrainOutcome.DRAINED
+        self._event(h.spare, Severity.WARN, f"job {job_id} refused in its prolog on spare"
+                    f" {h.spare}, handed to job {h.job_id} ({outcome.value})",
+                    action=REFUSED_JOB, job_id=h.job_id, spare=h.spare,
+                    reservation=h.reservation, by=self.node, actor=ACTOR, refused=job_id,
+                    drained=drained, reason=as_slurm_stores(reason))  # fmt: skip
+
+    def _lift_refusal(self, refusals: Sequence[dict[str, object]]) -> None:
+        """Lift the refusal's drain once no refused job is on the spare
+        (remediation.decide.decide_refusal_lift), through the one resume path."""
+        reason = str(refusals[0].get("reason") or "")
+        info = self.slurm.node(self.node)
+        matches = info is not None and (info.drained or info.down) and info.reason == reason
+        refused = [str(r.get("refused") or "") for r in refusals]
+        states = [(j.state, tuple(_nodes(j.nodes))) for j in self.slurm.jobs(refused)]
+        why = decide_refusal_lift(states, self.node, matches)
+        if why and matches:
+            return  # the refused job is still in its prolog or being requeued
+        outcome = "its drain is no longer the refusal's: left as it is"
+        if matches:
+            book = DrainBook.of(self.store)
+            note = f"refused job(s) {', '.join(refused)} off the spare"
+            outcome = give_back(self.slurm, book, self.node, actor=SPARES, note=note).text
+        self._event(self.node, Severity.INFO, f"spare {self.node}: the refusal's drain: {outcome}",
+                    action=REFUSAL_LIFTED, job_id=str(refusals[0].get("job_id") or ""),
+                    by=self.node, actor=ACTOR, refused=refused)  # fmt: skip
 
     def watching(self) -> bool:
         """This node may be handed any moment, or is handed: its daemon's ladder loops at
         its busy pace, so another job on the spare is refused sooner."""
         return _next_look.get(self.node) == 0.0
 
-    def _tend_one(self, h: OpenHandOver) -> SpareTending:
+    def _tend_one(
+        self, h: OpenHandOver, launching: str = "", refused: Collection[str] = ()
+    ) -> SpareTending:
         evidence = {"job_id": h.job_id, "spare": h.spare, "reservation": h.reservation,
                     "by": self.node, "actor": ACTOR}  # fmt: skip
         if not self.slurm.reservation_exists(h.reservation):
@@ -362,7 +448,39 @@ class SparePool:
             return gone
         moved = h.action != HANDING or dt.datetime.now(dt.UTC) - h.at > MOVE_GRACE
         jobs = self.slurm.reservation_jobs(h.reservation)
-        decision = decide_spare_tending(h.job_id, h.spare, jobs, moved=moved)
+        decision = decide_spare_tending(
+            h.job_id,
+            h.spare,
+            jobs,
+            moved=moved,
+            launching=launching,
+            refused=refused,
+            in_prolog=self._maybe_in_prolog(h, jobs),
+        )
+        if decision.refuse:  # before anything else: the job's prolog is waiting for it
+            self._refuse_in_prolog(h, decision.refuse)
+            try:  # the refusal stands whatever else fails: the next loop tries the rest
+                return self._carry_out(h, decision, evidence)
+            except SlurmError as exc:
+                log.warning("%s: tending %s failed: %s", self.node, h.reservation, exc)
+                return decision
+        return self._carry_out(h, decision, evidence)
+
+    def _maybe_in_prolog(self, h: OpenHandOver, jobs: Sequence[ReservedJob]) -> set[str]:
+        """Other jobs seen started on the spare for less than `prolog_grace`."""
+        now = time.monotonic()
+        started = {(h.reservation, j.job_id) for j in jobs
+                   if j.job_id != h.job_id and j.state != "PENDING"}  # fmt: skip
+        for key in [k for k in _started_seen if k[0] == h.reservation and k not in started]:
+            del _started_seen[key]
+        for key in started:
+            _started_seen.setdefault(key, now)
+        return {job for (name, job), at in _started_seen.items()
+                if name == h.reservation and now - at < self.prolog_grace}  # fmt: skip
+
+    def _carry_out(
+        self, h: OpenHandOver, decision: SpareTending, evidence: dict[str, str]
+    ) -> SpareTending:
         # Requeued before it is cleared: a crash in between leaves it pending in the
         # reservation (cleared at the next loop), never running on the spare unseen.
         for job_id in decision.requeue:
@@ -381,7 +499,7 @@ class SparePool:
                         **{**evidence, "refused": job_id})  # fmt: skip
         for job_id in decision.unbind:
             self.slurm.unbind(job_id)
-            if job_id != h.job_id and job_id not in decision.requeue:
+            if job_id not in (h.job_id, decision.refuse, *decision.requeue):
                 self._event(h.spare, Severity.WARN, f"job {job_id} refused on spare {h.spare},"
                             f" handed to job {h.job_id}: cleared of {h.reservation}",
                             action=REFUSED_JOB, **{**evidence, "refused": job_id})  # fmt: skip
@@ -450,3 +568,10 @@ class SparePool:
 
 def idle_in_service(node: NodeInfo | None) -> bool:
     return node is not None and node.state == "IDLE" and not node.drained and not node.down
+
+
+def _nodes(hostlist: str) -> list[str]:
+    try:
+        return expand_hostlist(hostlist) if hostlist else []
+    except ValueError:
+        return []

@@ -216,7 +216,8 @@ def busy_lab() -> SpareSlurm:
 
 def pool(slurm: SpareSlurm, store: Store, at: str = "n1", **settings: object) -> SparePool:
     chosen = SpareSettings(**{"size": 1, **settings})  # type: ignore[arg-type]
-    return SparePool(chosen, slurm, store, at)  # type: ignore[arg-type]
+    # After the prolog had its time: a job running on the spare is past its gate.
+    return SparePool(chosen, slurm, store, at, prolog_grace=0.0)  # type: ignore[arg-type]
 
 
 def spare_events(store: Store) -> list[str]:
@@ -485,8 +486,10 @@ def test_reserved_jobs_parse() -> None:
 @pytest.fixture(autouse=True)
 def fresh_looks() -> Iterator[None]:
     spares_module._next_look.clear()
+    spares_module._started_seen.clear()
     yield
     spares_module._next_look.clear()
+    spares_module._started_seen.clear()
 
 
 def handed_lab(store: Store) -> SpareSlurm:

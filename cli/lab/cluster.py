@@ -596,6 +596,17 @@ class Lab:
         pids += [state.slurmctld_pid, state.munged_pid]
         return [p for p in pids if p > 0]
 
+    def health_checks_running(self) -> bool:
+        """A HealthCheckProgram of this lab (slurmd runs it every HealthCheckInterval)."""
+        for pid in self.tagged_pids():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"medic-healthcheck" in cmdline:
+                return True
+        return False
+
     def tagged_pids(self) -> list[int]:
         """Processes (slurmstepd, job tasks, stray daemons) carrying this lab's tag."""
         tag = f"{LAB_TAG_ENV}={self.root}".encode()
@@ -717,6 +728,12 @@ class Lab:
                 self.start_slurmd(name)
 
         def settled() -> bool:
+            # A HealthCheckProgram that read the host trees while they were rewritten finds
+            # the node broken and drains it with Medic's reason after this resumed it; with
+            # no daemon to give it back, the next test's fault met the drain cap (a CI run
+            # waited 480 s). Settled only once none is running, its drains resumed below.
+            if self.health_checks_running():
+                return False
             active = [str(j["job_id"]) for j in self.active_jobs()]
             if active:  # e.g. requeued by a hook while the first scancel ran
                 self.slurm(["scancel", "--quiet", *active], check=False)
