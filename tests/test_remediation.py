@@ -114,6 +114,24 @@ def wait_closed(store: Store, node: str, timeout: float) -> ep.Episode:
     return episodes.find(node=node)[-1]
 
 
+def lab_diagnosis(lab: Lab, store: Store, node: str) -> str:
+    """The node's episodes with their steps, every node's Slurm state and the daemon's
+    last log lines."""
+    episodes = ep.EpisodeStore(store)
+    lines = [f"slurm: {[(n.name, n.state, sorted(n.flags), n.reason) for n in lab.nodes()]}"]
+    for episode in episodes.find(node=node):
+        lines.append(
+            f"episode {episode.id}: {episode.state} rung={episode.rung} "
+            f"{episode.fault_class}/{episode.target}: {episode.message}"
+        )
+        lines += [
+            f"  step {s.action} {s.state}: {s.output[:200]}" for s in episodes.steps(episode.id)
+        ]
+    log = lab.node(node).healthd_log
+    tail = log.read_text(errors="replace").splitlines()[-60:] if log.exists() else []
+    return "\n".join([*lines, f"{log} (last {len(tail)} lines):", *tail])
+
+
 MATRIX = [
     # id, gpu, specs, first rung, end state
     ("xid48_dbe", 1, ["xid=48"], Rung.GPU_RESET, ep.RESOLVED),
@@ -174,7 +192,10 @@ def fault_matrix_case(
     lab.start_healthd("n2", config=fast_config(lab, tmp_path))
     poll("first round", lambda: bool(store.conditions("n2", type="gpu_count")), timeout=20)
     lab.inject("n2", gpu, specs)
-    episode = wait_closed(store, "n2", timeout=timeout)
+    try:
+        episode = wait_closed(store, "n2", timeout=timeout)
+    except AssertionError as exc:  # say where it stood: a CI failure is read once
+        raise AssertionError(f"{exc}\n{lab_diagnosis(lab, store, 'n2')}") from None
     assert (episode.first_rung, episode.state) == (int(rung), end), episode.message
     steps = ep.EpisodeStore(store).steps(episode.id)
     if end == ep.RESOLVED:
