@@ -375,15 +375,15 @@ def test_resume_of_medics_recorded_drain(
 
 
 @pytest.fixture(params=["cli", "pyslurm"])
-def backend(request: pytest.FixtureRequest) -> tuple[SlurmClient, Lab]:
+def backend(request: pytest.FixtureRequest, lab: Lab) -> tuple[SlurmClient, Lab]:
+    # `lab` named here, not fetched at run time: collection then marks these tests `lab`
+    # (tests/conftest.py), and `pytest -m "not lab"` starts no lab for them.
     if request.param == "pyslurm":
         pytest.importorskip("pyslurm", reason="pyslurm needs Slurm 25.11; the lab runs 22.05")
         module = pytest.importorskip("slurm_hooks.slurm_pyslurm", reason="no pyslurm backend yet")
-        lab: Lab = request.getfixturevalue("lab")
         # libslurm reads SLURM_CONF from the process environment.
         request.getfixturevalue("monkeypatch").setenv("SLURM_CONF", lab.env()["SLURM_CONF"])
         return module.PyslurmSlurm(), lab
-    lab = request.getfixturevalue("lab")
     return CliSlurm(env=lab.env(), timeout=15), lab
 
 
