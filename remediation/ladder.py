@@ -166,6 +166,9 @@ class Ladder:
     # Told the node's rails (open episode, RMA tickets, re-qualification) each tick reads
     # (set by the daemon: the launch gate then need not read them again itself).
     on_rails: Callable[[NodeRails], object] | None = None
+    # Starts the node's evidence bundle for an episode gone to RMA or needs-human, on its own
+    # thread (remediation.evidence; set by the daemon): ("rma" | "needs_human", episode).
+    evidence: Callable[[str, ep.Episode], object] | None = None
 
     def __init__(
         self,
@@ -255,7 +258,7 @@ class Ladder:
                 self.node,
                 self.settings.max_drained_share,
                 self.settings.min_drained,
-                records=self._drain_holdings(),
+                records=None,  # the store is down: counted by Slurm's reasons, not asked again
             )
         )
         return FaultFacts(
@@ -714,9 +717,12 @@ class Ladder:
                     fault_class=episode.fault_class,
                     target=episode.target,
                 )
-            return self.store.update(
+            episode = self.store.update(
                 episode.id, state=ep.NEEDS_HUMAN, message=decision.message or episode.message
             )
+            if self.evidence is not None and not self.settings.dry_run:
+                self.evidence("needs_human", episode)
+            return episode
         if decision.move is Move.SET_STATE:
             return self.store.update(episode.id, state=decision.state)
         return episode
@@ -1070,6 +1076,8 @@ class Ladder:
             target=episode.target,
         )
         episode = self.store.update(episode.id, state=ep.RMA, rung=int(Rung.RMA), ticket_id=ticket)
+        if self.evidence is not None:
+            self.evidence("rma", episode)
         self._keep_rma_out()
         return episode
 

@@ -219,6 +219,12 @@ class LemonEpisode:
     resolved: bool = False  # it closed with the node given back (by itself or repaired)
 
 
+def counts(episode: LemonEpisode, family: str, since: dt.datetime) -> bool:
+    """What the lemon rule and strikes both count from: an episode of `family` opened at or
+    after `since` that no human closed (a human's close says the part was fine)."""
+    return episode.family == family and episode.opened_at >= since and not episode.closed_by_human
+
+
 @dataclass(frozen=True)
 class LemonScore:
     """The lemon rule for one fault about to be admitted: with `episodes_limit` = N, the Nth
@@ -255,11 +261,7 @@ class LemonScore:
             (e for e in history if same_part(e.component, component)), key=lambda e: e.opened_at
         )
         last_ticket = max((i for i, e in enumerate(mine) if e.ticketed), default=-1)
-        counted = [
-            e
-            for e in mine[last_ticket + 1 :]
-            if e.family == family and e.opened_at >= since and e.repaired and not e.closed_by_human
-        ]
+        counted = [e for e in mine[last_ticket + 1 :] if counts(e, family, since) and e.repaired]
         return cls(
             episodes_recent=len(counted) + 1,
             failed_requalifications=sum(e.failed_requalifications for e in counted),
@@ -372,11 +374,9 @@ class StrikeScore:
             e
             for e in history
             if same_part(e.component, component)
-            and e.family == family
-            and e.opened_at >= since
+            and counts(e, family, since)
             and e.resolved
             and not e.repaired
-            and not e.closed_by_human
         ]
         return cls(len(came_back) + 1, rule, component, family)
 
