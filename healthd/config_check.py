@@ -25,6 +25,7 @@ from medic_core.config import ConfigError, MedicConfig, shown
 from medic_core.settings import (
     BurnInSettings,
     DaemonSettings,
+    EvidenceSettings,
     HookSettings,
     IsolationSettings,
     RemediationSettings,
@@ -106,6 +107,7 @@ def config_problems(config: MedicConfig) -> list[ConfigError]:
         programs("remediation.isolation", apply=isolation.apply)
     parsed(lambda: SpareSettings.from_config(config))
     parsed(lambda: BurnInSettings.from_config(config))
+    parsed(lambda: EvidenceSettings.from_config(config))
     parsed(lambda: SweepSettings.from_config(config))
     parsed(lambda: WebhookSettings.from_config(config))
     parsed(lambda: store_settings(config))

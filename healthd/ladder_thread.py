@@ -608,6 +608,9 @@ def attach_ladder(daemon: LadderDaemon) -> LadderThread:
     attach_spares(daemon, ladder, thread)
     attach_burn_in(daemon, ladder, thread)
     attach_isolation(daemon, ladder)
+    from healthd.evidence_sources import attach_evidence
+
+    attach_evidence(daemon, ladder)  # bundles on RMA and needs-human (remediation.evidence)
     thread.hangs = watch_hangs(daemon, thread)
     return thread
 

@@ -334,7 +334,7 @@ class RemediationSettings:
         table = {
             k: v
             for k, v in config.table("remediation").items()
-            if k not in ("webhook", "isolation", "spares", "burn_in")
+            if k not in ("webhook", "isolation", "spares", "burn_in", "evidence")
         }
         return parse_table(cls, table, prefix="remediation", source=config.source)
 
@@ -467,6 +467,46 @@ class BurnInSettings:
                 "write its keys under [remediation.burn_in]",
             )
         return parse_table(cls, table, prefix="remediation.burn_in", source=config.source)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvidenceSettings:
+    """The `[remediation.evidence]` table: the bundle a node collects when an episode goes to
+    RMA or needs a human (remediation/evidence.py)."""
+
+    enabled: bool = setting(True, doc="collect an evidence bundle on RMA and needs-human")
+    bug_report: tuple[str, ...] = setting(
+        ("nvidia-bug-report.sh",),
+        doc="argv of NVIDIA's report (found on PATH; --output-file is added); [] for none",
+    )
+    bug_report_timeout: float = setting(
+        300.0, minimum=1, doc="seconds the report may take; then it is killed and left out"
+    )
+    part_timeout: float = setting(
+        20.0, minimum=1, doc="seconds each other part (kernel log, NVML, HCA counters) may take"
+    )
+    max_bytes: int = setting(
+        256 << 20, minimum=1 << 20, doc="bytes one bundle holds at most; a part past it is left out"
+    )
+    keep_days: float = setting(30.0, minimum=1, doc="days a bundle is kept")
+    keep_bundles: int = setting(50, minimum=1, doc="bundles kept at most (the oldest go first)")
+
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        if self.bug_report and not self.bug_report[0].strip():
+            yield "bug_report", "starts with an empty program name", "give the program first, or []"
+
+    @classmethod
+    @per_config
+    def from_config(cls, config: MedicConfig) -> EvidenceSettings:
+        table = config.table("remediation").get("evidence", {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(
+                config.source,
+                "remediation.evidence",
+                "is not a table",
+                "write its keys under [remediation.evidence]",
+            )
+        return parse_table(cls, table, prefix="remediation.evidence", source=config.source)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -672,6 +712,7 @@ def load_settings(config: MedicConfig) -> Settings:
     store_settings(config)
     IsolationSettings.from_config(config)  # validated here, read by remediation.isolator
     BurnInSettings.from_config(config)  # validated here, read by remediation.burn_in
+    EvidenceSettings.from_config(config)  # validated here, read by remediation.evidence
     return Settings(
         healthd=DaemonSettings.from_config(config),
         hooks=HookSettings.from_config(config),

@@ -717,14 +717,21 @@ class Ladder:
                     fault_class=episode.fault_class,
                     target=episode.target,
                 )
-            episode = self.store.update(
-                episode.id, state=ep.NEEDS_HUMAN, message=decision.message or episode.message
+            return self._handed_to_human(
+                self.store.update(
+                    episode.id, state=ep.NEEDS_HUMAN, message=decision.message or episode.message
+                )
             )
-            if self.evidence is not None and not self.settings.dry_run:
-                self.evidence("needs_human", episode)
-            return episode
         if decision.move is Move.SET_STATE:
-            return self.store.update(episode.id, state=decision.state)
+            return self._handed_to_human(self.store.update(episode.id, state=decision.state))
+        return episode
+
+    def _handed_to_human(self, episode: ep.Episode) -> ep.Episode:
+        """An episode the decision core gave a human starts its evidence bundle (not in a
+        dry run: nvidia-bug-report.sh is no trial's to run)."""
+        wanted = episode.state == ep.NEEDS_HUMAN and not self.settings.dry_run
+        if self.evidence is not None and wanted:
+            self.evidence("needs_human", episode)
         return episode
 
     def _act(self, episode: ep.Episode) -> ep.Episode:

@@ -51,6 +51,7 @@ CANCELLED = "cancelled"
 EVENT_OPENED = "ticket.opened"
 EVENT_TRANSITION = "ticket.transition"
 EVENT_REQUALIFIED = "ticket.requalified"
+EVENT_EVIDENCE = "ticket.evidence"  # the node's evidence bundle was written (its path, sha256)
 
 OUTBOX_PENDING = "pending"
 OUTBOX_DELIVERED = "delivered"
@@ -161,6 +162,13 @@ class Ticket:
         found = self.evidence.get("reason")
         return found if isinstance(found, str) else ""
 
+    @property
+    def bundle(self) -> dict[str, Any]:
+        """The node's evidence bundle (remediation.evidence: path, sha256, bytes, parts), {}
+        until the node has written it."""
+        found = self.evidence.get("bundle")
+        return dict(found) if isinstance(found, Mapping) else {}
+
     def as_dict(self) -> dict[str, Any]:
         """The ticket as JSON (without its evidence, which payloads carry separately)."""
         return {
@@ -171,6 +179,7 @@ class Ticket:
             "summary": self.summary,
             "component": self.component,
             "reason": self.reason,
+            "bundle": self.bundle,
             "gpus": [g.as_dict() for g in self.gpus],
             "resolution": self.resolution,
             "external_id": self.external_id,
@@ -490,6 +499,34 @@ def transition(
         return _ticket(row)
 
 
+def attach_bundle(
+    store: Store,
+    ticket_id: int,
+    bundle: Mapping[str, Any],
+    actor: str,
+    *,
+    at: dt.datetime | None = None,
+) -> Ticket:
+    """Record the node's evidence bundle in the ticket's evidence (`bundle`), with an audit
+    row and a `ticket.evidence` event for the webhook, in one transaction. The state does not
+    change; a closed ticket takes it too (the bundle was asked for while it was open)."""
+    _name(actor, "actor", NODE_LEN)
+    now = _now(at)
+    with Session(writer(store.engine)) as session, session.begin():
+        query = select(RmaTicketRow).where(RmaTicketRow.id == ticket_id).with_for_update()
+        row = session.scalars(query).one_or_none()
+        if row is None:
+            raise TicketError(f"RMA ticket {ticket_id} does not exist")
+        row.evidence = check_evidence({**dict(row.evidence or {}), "bundle": dict(bundle)})
+        row.updated_at = now
+        session.flush()
+        state = TicketState(row.state)
+        note = f"evidence bundle {bundle.get('path', '')} sha256 {bundle.get('sha256', '')}"
+        _record(session, row, event=EVENT_EVIDENCE, at=now, actor=actor, from_state=state,
+                note=note[:1000])  # fmt: skip
+        return _ticket(row)
+
+
 def get(store: Store, ticket_id: int) -> Ticket | None:
     with Session(store.engine) as session:
         row = session.get(RmaTicketRow, ticket_id)
@@ -621,6 +658,7 @@ __all__ = [
     "Ticket",
     "TicketError",
     "TicketState",
+    "attach_bundle",
     "audit",
     "component_json",
     "evidence_bundle",
