@@ -98,6 +98,11 @@ COMMANDS: dict[str, LazyCommand] = {
         "store_group",
         "The store's schema: its version, which Medic it serves, and upgrading it.",
     ),
+    "fleet": LazyCommand(
+        "cli.fleet",
+        "fleet",
+        "The fleet as a whole: nodes that run other versions than their peers.",
+    ),
     "sweep": LazyCommand(
         "cli.sweep",
         "sweep",

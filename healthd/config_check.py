@@ -22,6 +22,7 @@ from healthd.checks import load_check_configs
 from healthd.checks.base import CheckConfig
 from healthd.checks.command import CommandCheckConfig
 from medic_core.config import ConfigError, MedicConfig, shown
+from medic_core.inventory import FleetSettings
 from medic_core.settings import (
     BurnInSettings,
     DaemonSettings,
@@ -111,6 +112,7 @@ def config_problems(config: MedicConfig) -> list[ConfigError]:
     parsed(lambda: SweepSettings.from_config(config))
     parsed(lambda: WebhookSettings.from_config(config))
     parsed(lambda: store_settings(config))
+    parsed(lambda: FleetSettings.from_config(config))
     problems.extend(_slurm_and_lab(config))
     checks: Mapping[str, CheckConfig] | None = parsed(lambda: load_check_configs(config))
     for name, check in (checks or {}).items():

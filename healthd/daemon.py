@@ -676,11 +676,16 @@ class HealthDaemon:
         # beat, and an idle scheduler never looks stalled.
         watchdog = sdnotify.watchdog_period()
         last_prune = 0.0
+        from healthd.inventory import InventoryRecorder  # off the start-up path
+
+        # The node's inventory, for `medic fleet drift`: now, then every [fleet] inventory_every.
+        inventory = InventoryRecorder.for_daemon(self)
         self.heartbeat.beat()
         while not self._stop.is_set():
             self._wake.clear()
             try:
                 self.run_due()
+                inventory.tick()
                 if time.monotonic() - last_prune > self.settings.prune_every:
                     self.store.prune(dt.datetime.now(dt.UTC), self._retention_days())
                     last_prune = time.monotonic()

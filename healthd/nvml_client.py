@@ -745,6 +745,28 @@ class PynvmlClient:
     def device_count(self) -> int:
         return int(self._node("nvmlDeviceGetCount", lambda nv: nv.nvmlDeviceGetCount()))
 
+    # -- versions, for the node's inventory (healthd.inventory); not in NvmlClient
+
+    def cuda_driver_version(self) -> int:
+        """The CUDA version the driver supports, as NVML encodes it: 12040 is 12.4."""
+        return int(
+            self._node(
+                "nvmlSystemGetCudaDriverVersion", lambda nv: nv.nvmlSystemGetCudaDriverVersion()
+            )
+        )
+
+    def vbios_version(self, index: int) -> str:
+        return self._device(
+            "nvmlDeviceGetVbiosVersion", index, lambda nv, h: _text(nv.nvmlDeviceGetVbiosVersion(h))
+        )
+
+    def inforom_image_version(self, index: int) -> str:
+        return self._device(
+            "nvmlDeviceGetInforomImageVersion",
+            index,
+            lambda nv, h: _text(nv.nvmlDeviceGetInforomImageVersion(h)),
+        )
+
     def gpu_info(self, index: int, *, refresh: bool = False) -> GpuInfo:
         if not refresh:
             with self._lock:

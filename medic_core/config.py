@@ -27,7 +27,7 @@ NODE_NAME_ENVS = ("MEDIC_NODE_NAME", "SLURMD_NODENAME")
 
 # Tables owned by other parts of Medic; each part validates its own table.
 KNOWN_TABLES = frozenset(
-    {"node", "slurm", "lab", "checks", "healthd", "hooks", "store", "remediation", "sweep"}
+    {"node", "slurm", "lab", "checks", "healthd", "hooks", "store", "remediation", "sweep", "fleet"}
 )
 
 

@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 # The newest schema version this Medic knows: len(medic_core.store.migrations.MIGRATIONS).
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 STORE_KEYS = ("url", "event_retention_days", "pool", "pool_size")  # as store_settings'
 POOLS = ("queue", "null")
 MAX_POOL_SIZE = 50

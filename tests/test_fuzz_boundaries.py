@@ -29,6 +29,7 @@ from healthd.checks.base import Check, CheckConfig, CheckContext, Result
 from healthd.fixtures import write_host_tree
 from healthd.kmsg import format_record, parse_records, select_after
 from medic_core.config import KNOWN_TABLES, ConfigError, load_config
+from medic_core.inventory import FleetSettings
 from medic_core.settings import (
     DaemonSettings,
     HookSettings,
@@ -78,6 +79,7 @@ TABLE_TYPES: dict[str, type[Any]] = {
     "remediation": RemediationSettings,
     "sweep": SweepSettings,
     "remediation.webhook": WebhookTable,
+    "fleet": FleetSettings,
 }
 CHECK_TYPES = {spec.name: spec.config_type for spec in registry()}
 OTHER_KEYS = {
@@ -163,6 +165,7 @@ def _validate_all(path: Path) -> None:
         settings_.hooks,
         settings_.remediation,
         settings_.sweep,
+        FleetSettings.from_config(config),
         *checks.values(),
     ):
         assert dataclasses.is_dataclass(table)

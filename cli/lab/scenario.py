@@ -28,6 +28,11 @@ H100_PCI_DEVICE_ID = 0x233010DE
 H100_PCI_SUBSYSTEM_ID = 0x16C110DE
 H100_MEMORY_MIB = 81559
 H100_NVLINKS = 18
+H100_VBIOS = "96.00.99.00.01"  # nvmlDeviceGetVbiosVersion
+H100_INFOROM_IMAGE = "G520.0200.00.05"  # nvmlDeviceGetInforomImageVersion
+# NVML's buffers (nvml.h): a version must fit with its NUL.
+VBIOS_MAX_LEN = 31
+INFOROM_IMAGE_MAX_LEN = 15
 # PCI buses of the eight GPUs of an HGX H100 board, in NVML (bus id) order.
 H100_PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 IDLE_TEMPERATURE_C = 33
@@ -105,6 +110,8 @@ class GpuState:
     pci_bus_id: str
     minor: int
     pci_device_id: int = H100_PCI_DEVICE_ID
+    vbios: str = H100_VBIOS
+    inforom_image: str = H100_INFOROM_IMAGE
     pci_subsystem_id: int = H100_PCI_SUBSYSTEM_ID
     memory_total_mib: int = H100_MEMORY_MIB
     memory_reserved_mib: int = 0
@@ -262,6 +269,8 @@ _GPU_KEYS: dict[str, tuple[str, _Codec]] = {
     "uuid": ("uuid", _STR),
     "serial": ("serial", _STR),
     "pci": ("pci_bus_id", _STR),
+    "vbios": ("vbios", _STR),
+    "inforom_image": ("inforom_image", _STR),
     "pci_device_id": ("pci_device_id", _HEX),
     "pci_subsystem_id": ("pci_subsystem_id", _HEX),
     "minor": ("minor", _INT),
@@ -454,6 +463,8 @@ VALID_KEYS = (
     "fail.<nvmlFunction>",
     "hang.<nvmlFunction>",
     "driver",
+    "vbios",
+    "inforom",
 )
 
 
@@ -540,6 +551,9 @@ _GPU_SPECS: dict[str, Callable[[GpuState, str], GpuState]] = {
     "persistence": lambda g, v: replace(g, persistence=_flag(v)),
     "hardware_fault": lambda g, v: replace(g, hardware_fault=_flag(v)),
     "dcgm_diag": lambda g, v: replace(g, dcgm_diag=_diag_verdict(v)),
+    # firmware versions (what `medic fleet drift` compares); no repair changes them
+    "vbios": lambda g, v: replace(g, vbios=_version(v, VBIOS_MAX_LEN)),
+    "inforom": lambda g, v: replace(g, inforom_image=_version(v, INFOROM_IMAGE_MAX_LEN)),
     "process": _process,
     "pcie.replay": lambda g, v: replace(g, pcie_replay=g.pcie_replay + _count(v)),
     "nvlink.replay": lambda g, v: replace(g, nvlink_replay=g.nvlink_replay + _count(v)),
@@ -554,6 +568,13 @@ _GPU_SPECS: dict[str, Callable[[GpuState, str], GpuState]] = {
         g, violation_thermal_ns=g.violation_thermal_ns + _count(v) * 1_000_000
     ),
 }
+
+
+def _version(value: str, limit: int) -> str:
+    """A firmware version as NVML reports it: printable, no spaces, within NVML's buffer."""
+    if not re.fullmatch(r"[0-9A-Za-z._-]+", value) or len(value) > limit:
+        raise ValueError(f"expected a version such as 96.00.99.00.01, at most {limit} characters")
+    return value
 
 
 def _diag_verdict(value: str) -> str:

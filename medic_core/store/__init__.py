@@ -19,6 +19,7 @@ from medic_core.store.models import (
     Event,
     Severity,
     Status,
+    StoredInventory,
 )
 from medic_core.store.store import (
     DEFAULT_EVENT_RETENTION_DAYS,
@@ -55,6 +56,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreSettings",
+    "StoredInventory",
     "default_url",
     "migrate",
     "open_configured_store",

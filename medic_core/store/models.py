@@ -398,3 +398,33 @@ class DrainRecordRow(Base):
             closed_by=self.closed_by,
             note=self.note,
         )
+
+
+# -- node inventory (schema version 8; the API is Store.record_inventory and inventories) ---
+
+
+@dataclass(frozen=True)
+class StoredInventory:
+    """A node's inventory as its daemon last recorded it (medic_core.inventory's JSON)."""
+
+    node: str
+    inventory: dict[str, Any]
+    changed_at: datetime  # when it last differed from the one before
+    seen_at: datetime  # when the daemon last looked
+
+
+class NodeInventoryRow(Base):
+    __tablename__ = "node_inventory"
+
+    node: Mapped[str] = mapped_column(String(NODE_LEN), primary_key=True)
+    inventory: Mapped[dict[str, Any]] = mapped_column(json_type())
+    changed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    def to_stored(self) -> StoredInventory:
+        return StoredInventory(
+            node=self.node,
+            inventory=dict(self.inventory),
+            changed_at=self.changed_at,
+            seen_at=self.seen_at,
+        )

@@ -44,8 +44,10 @@ from medic_core.store.models import (
     DrainRecordRow,
     Event,
     EventRow,
+    NodeInventoryRow,
     Severity,
     Status,
+    StoredInventory,
     check_evidence,
     check_text,
     utc,
@@ -490,6 +492,34 @@ class Store:
             query = query.where(DrainRecordRow.node == node)
         with Session(self._engine) as session:
             return [row.to_record() for row in session.scalars(query)]
+
+    # -- node inventory --------------------------------------------------------------------
+
+    def record_inventory(self, node: str, inventory: Mapping[str, Any], at: datetime) -> bool:
+        """`node`'s inventory as its daemon found it at `at` (medic_core.inventory's JSON);
+        True when it differs from the one stored (or is the first), False when only its
+        `seen_at` moved."""
+        _name(node, "node", NODE_LEN)
+        when = utc(at, "inventory time")
+        data = check_evidence(inventory, "inventory")
+        with Session(self._writer) as session, session.begin():
+            row = session.get(NodeInventoryRow, node, with_for_update=True)
+            if row is None:
+                session.add(
+                    NodeInventoryRow(node=node, inventory=data, changed_at=when, seen_at=when)
+                )
+                return True
+            row.seen_at = when
+            if row.inventory == data:
+                return False
+            row.inventory, row.changed_at = data, when
+            return True
+
+    def inventories(self) -> list[StoredInventory]:
+        """Every node's inventory, ordered by node."""
+        query = select(NodeInventoryRow).order_by(NodeInventoryRow.node)
+        with Session(self._engine) as session:
+            return [row.to_stored() for row in session.scalars(query)]
 
     def events(
         self,

@@ -36,6 +36,8 @@ EXPORTED_FUNCTIONS: tuple[str, ...] = (
     "nvmlDeviceGetName",
     "nvmlDeviceGetUUID",
     "nvmlDeviceGetSerial",
+    "nvmlDeviceGetVbiosVersion",
+    "nvmlDeviceGetInforomImageVersion",
     "nvmlDeviceGetPciInfo_v2",
     "nvmlDeviceGetPciInfo_v3",
     "nvmlDeviceGetMemoryInfo",

@@ -40,6 +40,8 @@ typedef struct {
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     char serial[NVML_DEVICE_SERIAL_BUFFER_SIZE];
     char pci[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+    char vbios[NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE];
+    char inforom_image[NVML_DEVICE_INFOROM_VERSION_BUFFER_SIZE];
     unsigned int domain, bus, device;
     unsigned int pci_device_id, pci_subsystem_id, minor;
     unsigned long long memory_total_mib, memory_reserved_mib;
@@ -204,6 +206,10 @@ static int parse_gpu_field(scenario *sc, unsigned int slot, const char *field, c
         return copy_str(g->uuid, sizeof g->uuid, value);
     if (!strcmp(field, "serial"))
         return copy_str(g->serial, sizeof g->serial, value);
+    if (!strcmp(field, "vbios"))
+        return copy_str(g->vbios, sizeof g->vbios, value);
+    if (!strcmp(field, "inforom_image"))
+        return copy_str(g->inforom_image, sizeof g->inforom_image, value);
     if (!strcmp(field, "pci")) {
         unsigned int fn;
         if (copy_str(g->pci, sizeof g->pci, value))
@@ -848,6 +854,22 @@ EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsig
 {
     DEVICE_CALL(device);
     return put_str(serial, length, g.serial);
+}
+
+/* An empty version (a scenario written before the key existed): the GPU does not say. */
+EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t device, char *version,
+                                              unsigned int length)
+{
+    DEVICE_CALL(device);
+    return g.vbios[0] ? put_str(version, length, g.vbios) : NVML_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t device, char *version,
+                                                     unsigned int length)
+{
+    DEVICE_CALL(device);
+    return g.inforom_image[0] ? put_str(version, length, g.inforom_image)
+                              : NVML_ERROR_NOT_SUPPORTED;
 }
 
 static void fill_pci(const gpu_state *g, nvmlPciInfo_t *pci)

@@ -56,6 +56,7 @@ from medic_core.store.migrations import m0004_sweeps as m0004
 from medic_core.store.migrations import m0005_schema_compat as m0005
 from medic_core.store.migrations import m0006_conditions_node_updated as m0006
 from medic_core.store.migrations import m0007_drain_records as m0007
+from medic_core.store.migrations import m0008_node_inventory as m0008
 from medic_core.store.models import UTCDateTime
 
 log = logging.getLogger("medic.store")
@@ -87,6 +88,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, m0005.DESCRIPTION, m0005.upgrade, Compat.ADDITIVE),
     Migration(6, m0006.DESCRIPTION, m0006.upgrade, Compat.ADDITIVE),
     Migration(7, m0007.DESCRIPTION, m0007.upgrade, Compat.ADDITIVE),
+    Migration(8, m0008.DESCRIPTION, m0008.upgrade, Compat.ADDITIVE),
 )
 
 _metadata = MetaData()
