@@ -19,6 +19,12 @@ restarted run's resume mark, appended (O_APPEND, then fsync) and never rewritten
 leaves it alone. `medic report` reads the resume step, lost work and ETTR from it, so a job
 that keeps only its last checkpoints is reported as it ran. A line torn by a crash is
 skipped by the reader (`parse_ledger`), and the records after it still count.
+
+Tiers (`LocalTier`, opt-in: `local=` or MEDIC_CHECKPOINT_LOCAL): `writing(step)` commits the
+step, as above, in a node-local directory; a background thread then drains it into the
+durable directory (copy into a temporary directory there, commit only when every file's size
+and sha256 match the node-local manifest). `latest()` takes the newest complete step of
+either tier, the node-local copy (hash-verified) on a tie. docs/resilient-jobs.md, "Tiers".
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ import shutil
 import socket
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from medic_core import heartbeat
 from medic_core.user_files import MANIFEST_LIMIT, SMALL_LIMIT, UnsafeFile, UserDir
@@ -66,6 +73,20 @@ LEDGER_TAG = '{"medic_ledger":1,'
 COMMIT, RESUME = "commit", "resume"
 _LATEST_TIME = 1e11  # seconds since the epoch (the year 5138): a ledger time past it is no time
 LEDGER_LIMIT = 64 << 20  # bytes of ledger read (~400,000 commits)
+# The node-local tier (see "Tiers" below): its base directory (the job's own directory is
+# `job-<SLURM_JOB_ID>` in it) and its cap in bytes (a number, or with K, M, G, T: binary).
+LOCAL_ENV = "MEDIC_CHECKPOINT_LOCAL"
+LOCAL_CAP_ENV = "MEDIC_CHECKPOINT_LOCAL_CAP"
+LOCAL, DURABLE = "local", "durable"
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+# Tests stop a commit or a drain here, as a kill would: called with "<tier>:<point>".
+_fault: Callable[[str], None] | None = None
+_monotonic = time.monotonic  # bound here: tests replace the module's `time` with a clock
+
+
+def _point(name: str) -> None:
+    if _fault is not None:
+        _fault(name)
 
 
 class CheckpointError(RuntimeError):
@@ -87,6 +108,9 @@ class Checkpoint:
     restart_count: int
     files: Mapping[str, FileEntry]
     started: float | None = None  # the commit began (its staging directory); older: None
+    tier: str = DURABLE  # where latest() found it: LOCAL (this node) or DURABLE
+    # latest()'s seconds to find and verify it; not part of what the checkpoint is
+    read_s: float | None = field(default=None, compare=False)
 
     @property
     def size(self) -> int:
@@ -109,6 +133,8 @@ class Checkpoint:
             "bytes": self.size,
             "started": self.started,
             "duration_s": self.duration,
+            "tier": self.tier,
+            "read_s": self.read_s,
         }
 
 
@@ -272,7 +298,13 @@ class CheckpointDir:
         *,
         hash_files: bool = True,
         env: Mapping[str, str] | None = None,
+        local: str | os.PathLike[str] | Literal[False] | None = None,
+        local_cap: int | None = None,
+        background_drain: bool = True,
     ) -> None:
+        """`local`: the node-local tier's directory for this job (None: from LOCAL_ENV, off
+        without it; False: off); `local_cap`: its cap in bytes (None: LOCAL_CAP_ENV, else
+        half its file system); `background_drain` False: steps drain only in `drain()`."""
         self._env: Mapping[str, str] = os.environ if env is None else env
         if root is None:
             root = self._env.get(DIR_ENV) or None
@@ -287,23 +319,46 @@ class CheckpointDir:
             )
         # Hashing costs a second read of every file; sizes alone still catch truncation.
         self.hash_files = hash_files
+        self._tier = DURABLE
+        self._ledger = True
+        self.local: LocalTier | None = None
+        if local is None and self._env.get(LOCAL_ENV):
+            job = self._env.get(JOB_ENV) or f"uid-{os.geteuid()}"
+            if "/" in job or job in (".", ".."):
+                raise CheckpointError(f"{JOB_ENV}={job!r}: not a job id; unset {LOCAL_ENV}")
+            local = _shared_base(Path(self._env[LOCAL_ENV])) / f"job-{job}"
+        if local is not None and local is not False:
+            self.local = LocalTier(self, Path(local), local_cap, background_drain)
 
     # ---- writing -----------------------------------------------------------------------
 
     @contextlib.contextmanager
     def writing(self, step: int) -> Iterator[Path]:
         """Yield an empty directory to write step `step` into; commit it when the block ends
-        without an exception, discard it otherwise."""
+        without an exception, discard it otherwise. With a node-local tier the directory is
+        there and the commit too; the step then drains to this directory in the background."""
+        if self.local is not None:
+            with self.local.writing(step) as tmp:
+                yield tmp
+            return
         with self._staging(step) as tmp:
             yield tmp
 
     @contextlib.contextmanager
     def _staging(
-        self, step: int, undo: Callable[[Path], str | None] | None = None
+        self,
+        step: int,
+        undo: Callable[[Path], str | None] | None = None,
+        *,
+        before_commit: Callable[[Path], None] | None = None,
+        stamp: tuple[float, float | None] | None = None,
+        expect: Mapping[str, FileEntry] | None = None,
     ) -> Iterator[Path]:
         """`writing`, with `undo(tmp)` called on failure before the temporary directory is
         removed: it gives back what it must not lose and returns None, or says why it could
-        not (then the directory is kept and the error names it)."""
+        not (then the directory is kept and the error names it). `before_commit(tmp)` may
+        refuse the commit by raising; a drain passes the step's own `stamp` (time, started)
+        and the files it must `expect` (the commit is refused when they differ)."""
         _check_step(step)
         final = self.root / step_name(step)
         if final.exists():
@@ -323,8 +378,11 @@ class CheckpointDir:
             ) from None
         try:
             yield tmp
+            _point(f"{self._tier}:written")
+            if before_commit is not None:
+                before_commit(tmp)
             try:
-                self._commit(tmp, final, step, started)
+                self._commit(tmp, final, step, started, stamp=stamp, expect=expect)
             except OSError as exc:  # a full or read-only file system, an I/O error
                 where = exc.filename or tmp
                 raise CheckpointError(
@@ -340,7 +398,16 @@ class CheckpointDir:
                 raise
             raise CheckpointError(f"{exc}; and {kept}") from exc
 
-    def _commit(self, tmp: Path, final: Path, step: int, started: float) -> None:
+    def _commit(
+        self,
+        tmp: Path,
+        final: Path,
+        step: int,
+        started: float | None,
+        *,
+        stamp: tuple[float, float | None] | None = None,
+        expect: Mapping[str, FileEntry] | None = None,
+    ) -> None:
         if (tmp / MANIFEST).exists():
             raise CheckpointError(f"{tmp / MANIFEST}: name reserved for Medic's manifest")
         files: dict[str, dict[str, Any]] = {}
@@ -355,7 +422,7 @@ class CheckpointDir:
                     )
                 _fsync_path(path)
                 entry: dict[str, Any] = {"size": path.stat().st_size}
-                if self.hash_files:
+                if self.hash_files or expect is not None:
                     entry["sha256"] = _sha256(path)
                 files[path.relative_to(tmp).as_posix()] = entry
             for name in dirnames:
@@ -364,8 +431,19 @@ class CheckpointDir:
                         f"{here / name}: a checkpoint holds only regular files and directories"
                     )
             _fsync_path(here)
+        if expect is not None:
+            got = {name: FileEntry(e["size"], e["sha256"]) for name, e in files.items()}
+            if got != dict(expect):
+                wrong = sorted(n for n in {*got, *expect} if got.get(n) != expect.get(n))
+                raise CheckpointError(
+                    f"{tmp}: the copy of step {step} does not match its node-local manifest "
+                    f"({wrong[0]}); the step is not durable, its node-local copy is kept"
+                )
+        _point(f"{self._tier}:synced")
         job_id = self._env.get(JOB_ENV)
         committed_at = time.time()
+        if stamp is not None:  # a drained step keeps the times of its commit
+            committed_at, started = stamp
         manifest = {
             "format": FORMAT,
             "step": step,
@@ -380,6 +458,7 @@ class CheckpointDir:
             f.flush()
             os.fsync(f.fileno())
         _fsync_path(tmp)
+        _point(f"{self._tier}:manifest")
         try:
             tmp.rename(final)
         except OSError as exc:
@@ -388,6 +467,9 @@ class CheckpointDir:
                 f"have committed it: write a later step"
             ) from exc
         _fsync_path(self.root)
+        _point(f"{self._tier}:renamed")
+        if not self._ledger:
+            return
         # After the rename is durable: the ledger never names a commit a crash could undo.
         record = LedgerRecord(COMMIT, committed_at, step, job_id, restart_count(self._env), started)
         self._append_ledger(record)
@@ -515,6 +597,13 @@ class CheckpointDir:
                 if not path.is_file():
                     raise refuse(path, "not a regular file")
 
+    def drain(self, timeout: float | None = None) -> list[int]:
+        """Wait (at most `timeout` seconds) until every step of the node-local tier is
+        durable here: at the job's end, so its last step survives the node. Returns the
+        node-local steps that are durable; [] without a node-local tier. CheckpointError,
+        naming the steps, on a timeout or a step that cannot be drained."""
+        return [] if self.local is None else self.local.drain(timeout)
+
     # ---- reading -----------------------------------------------------------------------
 
     def load(self, path: Path, *, verify_hashes: bool = False) -> Checkpoint | None:
@@ -587,13 +676,22 @@ class CheckpointDir:
 
     def latest(self, *, verify_hashes: bool = False) -> Checkpoint | None:
         """The newest complete checkpoint, or None (a first run, or nothing usable yet).
-        The first call of a restarted run marks when it resumed (see `resumes`)."""
+        The first call of a restarted run marks when it resumed (see `resumes`).
+        With a node-local tier: the newest step complete in either tier, the node-local copy
+        when both have it (always verified with its hashes: a torn or altered copy there
+        never wins); the result's `tier` says which, `read_s` how long finding it took."""
+        began = _monotonic()
         found = None
         for path in reversed(self._step_dirs()):
             checkpoint = self.load(path, verify_hashes=verify_hashes)
             if checkpoint is not None:
                 found = checkpoint
                 break
+        if self.local is not None:
+            local = self.local.newest(at_least=None if found is None else found.step)
+            found = local if local is not None else found
+        if found is not None:
+            found = replace(found, read_s=_monotonic() - began)
         self._mark_resume(found)
         return found
 
@@ -608,7 +706,8 @@ class CheckpointDir:
             return  # root looking into a user's directory writes nothing there
         now = time.time()
         step = found.step if found else None
-        mark = {"job_id": job_id, "restart_count": restarts, "time": now, "step": step}
+        mark = {"job_id": job_id, "restart_count": restarts, "time": now, "step": step,
+                "tier": found.tier if found else None}  # fmt: skip
         path = self.root / f"{RESUME_PREFIX}{job_id}.{restarts}.json"
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
@@ -704,7 +803,8 @@ class CheckpointDir:
         """Remove all but the `keep` newest complete checkpoints, `step-*` directories that
         are not complete, and temporary directories left by a writer that died (its PID is
         gone on this host) or idle for `stale_after` seconds. Returns what was removed
-        (`prune_report` also says what was kept and why)."""
+        (`prune_report` also says what was kept and why). A node-local tier is pruned to its
+        `keep` newest steps too, but a step there goes only once it is durable."""
         return self.prune_report(keep, stale_after=stale_after).removed
 
     def prune_report(self, keep: int = 2, *, stale_after: float = STALE_AFTER) -> Pruned:
@@ -719,6 +819,8 @@ class CheckpointDir:
                 "checkpoint is never removed)"
             )
         report = Pruned()
+        if self.local is not None:
+            self.local.prune(keep, stale_after, report)
         if not self.root.is_dir():
             return report
         complete = {c.path for c in self.checkpoints()}
@@ -761,6 +863,353 @@ class CheckpointDir:
         except OSError:
             return False
         return time.time() - newest > stale_after
+
+
+# ---- the node-local tier -------------------------------------------------------------------
+
+
+def _parse_cap(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if match is None or int(match.group(1)) == 0:
+        raise CheckpointError(
+            f"{LOCAL_CAP_ENV}={text!r}: expected a size in bytes above 0, such as 68719476736 "
+            "or 64G (K, M, G, T: powers of 1024)"
+        )
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+def _shared_base(base: Path) -> Path:
+    """The base directory every job on the node shares (like /tmp): created sticky and open
+    to all when missing; an existing one must be a real directory (never a symlink someone
+    planted), owned by root or this user, and sticky when others may write in it."""
+    base = base.absolute()
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            base.mkdir()
+            os.chmod(base, 0o1777, follow_symlinks=False)
+        st = os.lstat(base)
+    except OSError as exc:
+        raise CheckpointError(
+            f"{base}: cannot create the node-local checkpoint tier there "
+            f"({exc.strerror or exc}); point {LOCAL_ENV} at a directory you can write"
+        ) from None
+    shared = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or shared:
+        raise CheckpointError(
+            f"{base}: not a safe base for the node-local checkpoint tier (a symlink, someone "
+            f"else's, or open to all without the sticky bit); point {LOCAL_ENV} elsewhere"
+        )
+    return base
+
+
+def _own_dir(path: Path) -> None:
+    """The job's local tier directory: made 0700 when missing; it must be a real directory
+    of this user that nobody else may write in (so nothing can be planted in it)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise CheckpointError(
+            f"{path}: cannot create the node-local checkpoint tier ({exc.strerror or exc}); "
+            f"point {LOCAL_ENV} (or local=) at a directory you can write"
+        ) from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise CheckpointError(
+            f"{path}: the node-local checkpoint tier must be a real directory of uid "
+            f"{os.geteuid()} that no one else may write (chmod go-w, or point {LOCAL_ENV} "
+            "(or local=) elsewhere)"
+        )
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    """Copy a node-local checkpoint file into a drain's fresh staging directory: never
+    following a symlink on either side, never writing into a file that was there."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    source = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(source).st_mode):
+            raise CheckpointError(f"{src}: not a regular file; the step cannot be drained")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        target = os.open(dst, flags, 0o644)
+        try:
+            while os.sendfile(target, source, None, 1 << 30) > 0:
+                pass
+        finally:
+            os.close(target)
+    finally:
+        os.close(source)
+
+
+def _tree_bytes(root: Path) -> int:
+    """The bytes a local tier's cap counts: every file but Medic's own manifests."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            if name == MANIFEST:
+                continue
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+class LocalTier:
+    """A job's node-local checkpoint tier (`CheckpointDir(local=...)`): `root/step-*`
+    committed as in the durable directory (no ledger), each step then drained to the
+    durable directory: copied into a staging directory there and committed only when every
+    copied file's size and sha256 match the node-local manifest. A step is durable when
+    that commit's rename is; before, it lives only here."""
+
+    def __init__(
+        self, durable: CheckpointDir, root: Path, cap: int | None, background: bool
+    ) -> None:
+        self.durable = durable
+        _own_dir(root.absolute())
+        self.dir = CheckpointDir(root, env=durable._env, local=False)
+        self.dir._tier, self.dir._ledger = LOCAL, False
+        self.root = self.dir.root
+        if cap is None and durable._env.get(LOCAL_CAP_ENV):
+            cap = _parse_cap(durable._env[LOCAL_CAP_ENV])
+        elif cap is None:
+            vfs = os.statvfs(self.root)
+            cap = vfs.f_frsize * vfs.f_blocks // 2
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise CheckpointError(f"local_cap={cap!r}: expected a size in bytes above 0")
+        self.cap = cap
+        self.background = background
+        self._lock = threading.Condition()
+        self._queue: list[int] = []
+        self._draining: int | None = None
+        self._thread: threading.Thread | None = None
+        self._looked_back = False  # steps a killed run left undrained are queued once
+        self.failed: dict[int, str] = {}  # step -> why its last drain failed
+
+    # ---- writing -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def writing(self, step: int) -> Iterator[Path]:
+        _check_step(step)
+        durable = self.durable.root / step_name(step)
+        if durable.exists():
+            raise CheckpointError(
+                f"{durable}: step {step} is already checkpointed; write a later step or "
+                f"remove {durable}"
+            )
+        complete = self.complete()
+        expected = complete[-1].size if complete else 0
+        self._evict(_tree_bytes(self.root) + expected - self.cap)  # room before it is written
+        with self.dir._staging(step, before_commit=lambda tmp: self._fit(step, tmp)) as tmp:
+            yield tmp
+        self._submit(step)
+
+    def _fit(self, step: int, tmp: Path) -> None:
+        used = _tree_bytes(self.root)
+        if used > self.cap:
+            self._evict(used - self.cap)
+            used = _tree_bytes(self.root)
+        if used > self.cap:
+            raise CheckpointError(
+                f"{self.root}: step {step} ({_tree_bytes(tmp)} bytes) would fill the node-local "
+                f"checkpoint tier to {used} bytes, over its cap of {self.cap} bytes "
+                f"({LOCAL_CAP_ENV} or local_cap=); the step was not committed: raise the cap, "
+                "or call drain() first so older steps are durable and can be evicted"
+            )
+
+    # ---- reading -----------------------------------------------------------------------
+
+    def complete(self) -> list[Checkpoint]:
+        """Complete node-local steps (manifest and sizes), oldest first."""
+        return [replace(c, tier=LOCAL) for c in self.dir.checkpoints()]
+
+    def newest(self, at_least: int | None) -> Checkpoint | None:
+        """The newest node-local step, not older than `at_least`, that matches its manifest's
+        hashes, or None."""
+        for path in reversed(self.dir._step_dirs()):
+            if at_least is not None and int(path.name[len(STEP_PREFIX) :]) < at_least:
+                return None
+            found = self.dir.load(path, verify_hashes=True)
+            if found is not None:
+                return replace(found, tier=LOCAL)
+        return None
+
+    def drained(self, checkpoint: Checkpoint) -> bool:
+        """The durable directory holds this step, complete, with the same files and hashes."""
+        durable = self.durable.load(self.durable.root / step_name(checkpoint.step))
+        return durable is not None and dict(durable.files) == dict(checkpoint.files)
+
+    # ---- draining ----------------------------------------------------------------------
+
+    def _submit(self, step: int) -> None:
+        with self._lock:
+            self._look_back()
+            self.failed.pop(step, None)
+            if step not in self._queue and step != self._draining:
+                self._queue.append(step)
+            if self.background:
+                self._start_locked()
+
+    def _start_locked(self) -> None:
+        """Start the drain thread when steps wait and none runs. Caller holds the lock."""
+        if self._queue and self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="medic-checkpoint-drain", daemon=False
+            )
+            self._thread.start()  # not a daemon: the interpreter waits for it at exit
+
+    def _look_back(self) -> None:
+        """Queue complete node-local steps that are not durable (a run killed before their
+        drain finished), once per process, oldest first. Caller holds the lock."""
+        if self._looked_back:
+            return
+        self._looked_back = True
+        for checkpoint in self.complete():
+            if checkpoint.step not in self._queue and not self.drained(checkpoint):
+                self._queue.append(checkpoint.step)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if not self._queue:
+                        return
+                    step = self._draining = self._queue.pop(0)
+                self._drain_logged(step)
+        finally:  # also when the thread dies: the next submit or drain() starts another
+            with self._lock:
+                self._thread = None
+                self._lock.notify_all()
+
+    def _drain_logged(self, step: int) -> None:
+        try:
+            self._drain_step(step)
+        except (CheckpointError, OSError) as exc:
+            why = str(exc) if isinstance(exc, CheckpointError) else f"{exc.strerror or exc}"
+            print(f"medic: step {step} did not drain: {why}", file=sys.stderr)
+            with self._lock:
+                self.failed[step] = why
+        finally:
+            with self._lock:
+                self._draining = None
+                self._lock.notify_all()
+
+    def _drain_step(self, step: int) -> None:
+        path = self.root / step_name(step)
+        checkpoint = self.dir.load(path)
+        if checkpoint is None:
+            raise CheckpointError(
+                f"{path}: the node-local copy of step {step} is incomplete; it cannot be drained"
+            )
+        if self.drained(checkpoint):
+            return
+        stamp = (checkpoint.time, checkpoint.started)
+        try:
+            with self.durable._staging(step, stamp=stamp, expect=checkpoint.files) as tmp:
+                for name in checkpoint.files:
+                    _point("durable:copying")
+                    _copy_file(path / name, tmp / name)
+                _point("durable:copied")
+        except CheckpointError:
+            if self.drained(checkpoint):  # another process drained it first
+                return
+            raise
+
+    def drain(self, timeout: float | None = None) -> list[int]:
+        """Wait until every node-local step is durable (the ones a killed run left too);
+        returns the node-local steps now durable. CheckpointError, naming the steps, when
+        `timeout` seconds pass first or a step cannot be drained."""
+        until = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._looked_back = True
+            for checkpoint in self.complete():  # retry failed ones, pick up a killed run's
+                step = checkpoint.step
+                if step in self._queue or step == self._draining or self.drained(checkpoint):
+                    continue
+                self._queue.append(step)
+            self._queue.sort()
+            self.failed.clear()
+        if self.background:
+            with self._lock:
+                while self._queue or self._draining is not None:
+                    self._start_locked()
+                    left = None if until is None else until - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    self._lock.wait(left)
+        else:
+            while self._queue and (until is None or time.monotonic() < until):
+                with self._lock:
+                    step = self._draining = self._queue.pop(0)
+                self._drain_logged(step)
+        with self._lock:
+            pending = sorted(self._busy_locked())
+            failed = dict(self.failed)
+        if pending:
+            raise CheckpointError(
+                f"{self.root}: steps {pending} are not durable in {self.durable.root} after "
+                f"{timeout} s; call drain() again with a longer timeout (they stay node-local)"
+            )
+        if failed:
+            step = min(failed)
+            raise CheckpointError(f"step {step} did not drain: {failed[step]}")
+        return [c.step for c in self.complete() if self.drained(c)]
+
+    # ---- pruning and eviction ----------------------------------------------------------
+
+    def _busy(self) -> set[int]:
+        with self._lock:
+            return self._busy_locked()
+
+    def _busy_locked(self) -> set[int]:
+        return {*self._queue, *([self._draining] if self._draining is not None else [])}
+
+    def _evict(self, need: int) -> None:
+        """Free at least `need` bytes by removing durable steps, oldest first."""
+        if need <= 0:
+            return
+        busy = self._busy()
+        doomed = []
+        for checkpoint in self.complete():
+            if need <= 0:
+                break
+            if checkpoint.step not in busy and self.drained(checkpoint):
+                doomed.append(checkpoint.path)
+                need -= checkpoint.size
+        self._remove(doomed, Pruned())
+
+    def prune(self, keep: int, stale_after: float, report: Pruned) -> None:
+        """Keep the `keep` newest complete steps and every one not durable yet; remove the
+        rest, incomplete step directories and abandoned staging directories."""
+        complete = self.complete()
+        paths = {c.path for c in complete}
+        doomed = [p for p in self.dir._step_dirs() if p not in paths]
+        busy = self._busy()
+        for checkpoint in complete[:-keep]:
+            if checkpoint.step not in busy and self.drained(checkpoint):
+                doomed.append(checkpoint.path)
+            else:
+                report.kept.append((checkpoint.path, f"not durable in {self.durable.root} yet"))
+        doomed += [p for p in self.root.iterdir() if CheckpointDir._abandoned(p, stale_after)]
+        self._remove(doomed, report)
+
+    def _remove(self, doomed: list[Path], report: Pruned) -> None:
+        if not doomed:
+            return
+        try:
+            top = UserDir.open(self.root)
+        except UnsafeFile as exc:
+            report.kept += [(path, exc.why) for path in sorted(doomed)]
+            return
+        with top:
+            for path in sorted(doomed):
+                try:
+                    top.remove_tree(path.name, TRASH_PREFIX)
+                except UnsafeFile as exc:
+                    if path.is_symlink() or path.exists():
+                        report.kept.append((path, exc.why))
+                else:
+                    report.removed.append(path)
 
 
 # ---- progress heartbeat --------------------------------------------------------------------
