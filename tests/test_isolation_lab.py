@@ -209,6 +209,8 @@ def test_the_daemon_isolates_gpu5_after_an_xid_and_gives_it_back_after_its_reset
     assert job_fields(lab, four)["JobState"] == "RUNNING"  # drained, not killed
     lab.slurm(["scancel", four])
     poll("n1 back with 8", lambda: state() == RESTORED and offers(8), timeout=40)
+    # The record says RESTORED a moment before the episode's own state is written.
+    poll("the episode resolved", lambda: episodes.find(node="n1")[-1].state == ep.RESOLVED)
     last = episodes.find(node="n1")[-1]
     assert last.state == ep.RESOLVED, last.message
     steps = episodes.steps(last.id)
