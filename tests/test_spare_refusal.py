@@ -7,10 +7,8 @@ tests/test_spares_lab.py."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -36,18 +34,10 @@ from tests.test_spares import (
     rj,
     start,
 )
+from tests.test_spares import fresh_looks as fresh_looks  # autouse: the pool's module state
 from tests.test_spares import store as store
 
 INTRUDER = "9"
-
-
-@pytest.fixture(autouse=True)
-def fresh_looks() -> Iterator[None]:
-    spares_module._next_look.clear()
-    spares_module._started_seen.clear()
-    yield
-    spares_module._next_look.clear()
-    spares_module._started_seen.clear()
 
 
 def job_on(job_id: str, state: str, nodes: str) -> JobInfo:
