@@ -126,6 +126,19 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def process_start(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22), or None if no
+    live process has it. With the pid, names one process: pids wrap (32768 here) and a
+    long test run reuses them within minutes."""
+    if not pid_alive(pid):
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
 def slack() -> float:
     """How much longer than written every lab deadline is (MEDIC_LAB_SLACK, default 1).
 
