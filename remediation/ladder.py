@@ -508,9 +508,9 @@ class Ladder:
 
     # ---- progress ----------------------------------------------------------------------
 
-    def tick(self) -> ep.Episode | None:
-        """Move this node's open episode on by what is possible now; safe to call any time,
-        in particular right after a restart."""
+    def _hand_over_rails(self) -> NodeRails:
+        """Read this node's rails and hand them to the onlooker (the launch gate, which then
+        refuses a job on a node with an open RMA ticket without reading the store)."""
         from remediation import tickets
 
         rails = tickets.read_rails(self.store.store, self.node)
@@ -519,6 +519,13 @@ class Ladder:
                 self.on_rails(rails)
             except Exception:  # an onlooker's failure is its own: the tick goes on
                 log.exception("%s: handing the rails over failed", self.node)
+        return rails
+
+    def tick(self) -> ep.Episode | None:
+        """Move this node's open episode on by what is possible now; safe to call any time,
+        in particular right after a restart."""
+
+        rails = self._hand_over_rails()
         episode = rails.episode
         if keeps_rma_out(episode.state if episode else None, bool(rails.open_tickets)):
             self._keep_rma_out()
@@ -1085,6 +1092,10 @@ class Ladder:
         episode = self.store.update(episode.id, state=ep.RMA, rung=int(Rung.RMA), ticket_id=ticket)
         if self.evidence is not None:
             self.evidence("rma", episode)
+        # The gate learns of the ticket now, not at the next tick: after a reboot rung
+        # ReturnToService can put the node back in service before the keep-out drains it
+        # again, and a job Slurm places there meanwhile is refused in its prolog.
+        self._hand_over_rails()
         self._keep_rma_out()
         return episode
 

@@ -1321,6 +1321,17 @@ def test_each_tick_tells_the_rails_it_read(world: World) -> None:
     assert seen[-1].episode is not None and seen[-1].episode.id == admission.episode.id  # type: ignore[union-attr]
 
 
+def test_the_tick_that_opens_an_rma_ticket_tells_the_gate_at_once(world: World) -> None:
+    """After a reboot rung, ReturnToService may put the node back in service before the
+    keep-out drains it again: the gate must already refuse jobs there, not a tick later."""
+    seen: list[tickets.NodeRails] = []
+    world.fault("n1", REMAP)
+    world.daemon("n1").on_rails = seen.append
+    episode = world.tick("n1")
+    assert episode is not None and episode.state == ep.RMA
+    assert seen[-1].open_tickets == [episode.ticket_id]
+
+
 def test_a_failing_rails_onlooker_does_not_stop_the_tick(world: World) -> None:
     def broken(rails: tickets.NodeRails) -> None:
         raise RuntimeError("the gate is broken")
