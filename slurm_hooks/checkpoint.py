@@ -49,6 +49,7 @@ from typing import Any, Literal
 
 from medic_core import heartbeat
 from medic_core.user_files import MANIFEST_LIMIT, SMALL_LIMIT, UnsafeFile, UserDir
+from slurm_hooks import local_tier
 
 DIR_ENV = "MEDIC_CHECKPOINT_DIR"
 RESTART_ENV = "SLURM_RESTART_COUNT"  # absent on a job's first run
@@ -640,14 +641,7 @@ class CheckpointDir:
                 files=entries,
                 started=_float_or_none(raw.get("started")),
             )
-        except (
-            ValueError,
-            KeyError,
-            TypeError,
-            AttributeError,
-            OverflowError,
-            RecursionError,
-        ):
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
             return None
         if step != step_named:
             return None
@@ -967,6 +961,7 @@ class LocalTier:
     ) -> None:
         self.durable = durable
         _own_dir(root.absolute())
+        local_tier.register_job_dir(durable._env, root.absolute())
         self.dir = CheckpointDir(root, env=durable._env, local=False)
         self.dir._tier, self.dir._ledger = LOCAL, False
         self.root = self.dir.root

@@ -42,6 +42,11 @@ DRAIN_POINTS = [
 ]
 
 
+# The library registers a job's node-local directory in the heartbeat directory: not in this
+# machine's real one (a missing directory: one line on stderr, the job goes on).
+PROGRESS = {"MEDIC_PROGRESS_DIR": "/nonexistent/medic-progress"}
+
+
 class Crash(BaseException):
     """Stands for the process dying at an injected point (not an Exception: nothing that
     handles errors catches it)."""
@@ -260,7 +265,7 @@ def test_a_write_over_the_cap_fails_naming_cap_and_setting(tmp_path: Path) -> No
 
 
 def test_the_cap_from_the_environment(tmp_path: Path) -> None:
-    env = {LOCAL_ENV: str(tmp_path / "shm"), LOCAL_CAP_ENV: "2K", "SLURM_JOB_ID": "77"}
+    env = {LOCAL_ENV: str(tmp_path / "shm"), LOCAL_CAP_ENV: "2K", "SLURM_JOB_ID": "77", **PROGRESS}
     ckpt = CheckpointDir(tmp_path / "durable", env=env)
     assert ckpt.local is not None and ckpt.local.cap == 2048
     assert ckpt.local.root == tmp_path / "shm" / "job-77"
@@ -273,7 +278,7 @@ def test_the_cap_from_the_environment(tmp_path: Path) -> None:
 
 
 def test_a_planted_or_open_local_directory_is_refused(tmp_path: Path) -> None:
-    env = {LOCAL_ENV: str(tmp_path / "shm"), "SLURM_JOB_ID": "9"}
+    env = {LOCAL_ENV: str(tmp_path / "shm"), "SLURM_JOB_ID": "9", **PROGRESS}
     (tmp_path / "shm").mkdir(mode=0o1777)
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "shm" / "job-9").symlink_to(tmp_path / "elsewhere")

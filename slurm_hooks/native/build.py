@@ -25,22 +25,30 @@ def default_prolog() -> Path:
     return Path(sys.executable).parent / "medic-prolog"
 
 
-def build_hook(out_dir: Path, prolog: Path | None = None, socket: Path = NodePaths.socket) -> Path:
+def build_hook(
+    out_dir: Path,
+    prolog: Path | None = None,
+    socket: Path = NodePaths.socket,
+    epilog: Path | None = None,
+) -> Path:
     """Compile medic_hook.c into out_dir/medic-hook unless it is newer than its inputs (and
-    was built for the same prolog and socket). Written under a temporary name and renamed,
-    so slurmd never runs a half-written file."""
+    was built for the same prolog, epilog and socket). Written under a temporary name and
+    renamed, so slurmd never runs a half-written file. `epilog`: the Python medic-epilog (the
+    node-local checkpoint tier's sweep), by default next to the prolog."""
     prolog = prolog or default_prolog()
-    for value, what in ((prolog, "prolog"), (socket, "socket")):
+    epilog = epilog or prolog.with_name("medic-epilog")
+    for value, what in ((prolog, "prolog"), (socket, "socket"), (epilog, "epilog")):
         if '"' in str(value) or "\\" in str(value):
             raise BuildError(f"the {what} path {value} has a quote or backslash: use another")
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / BINARY_NAME
     stamp = out_dir / f".{BINARY_NAME}.built-for"
-    built_for = f"{prolog}\n{socket}\n"
+    built_for = f"{prolog}\n{socket}\n{epilog}\n"
     fresh = stamp.exists() and stamp.read_text() == built_for
     if fresh and up_to_date(output, [SOURCE, Path(__file__)]):
         return output
-    compile_c(SOURCE, output, [f'-DMEDIC_PROLOG="{prolog}"', f'-DMEDIC_SOCKET_DEFAULT="{socket}"'])
+    defines = [f'-DMEDIC_PROLOG="{prolog}"', f'-DMEDIC_SOCKET_DEFAULT="{socket}"']
+    compile_c(SOURCE, output, [*defines, f'-DMEDIC_EPILOG="{epilog}"'])
     stamp.write_text(built_for)
     return output
 

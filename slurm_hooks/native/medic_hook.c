@@ -21,7 +21,11 @@
  *     budget allowed (0.5 s) is enough, and the Python prolog, which reads the one key,
  *     spends the budget from the front's start.
  *   Epilog (SLURM_SCRIPT_CONTEXT=epilog_slurmd):
- *     tell the daemon the job ended ({"op": "job_end"}) and exit 0, as the Python epilog does.
+ *     tell the daemon the job ended ({"op": "job_end"}) and exit 0, as the Python epilog does;
+ *     when the job registered a node-local checkpoint tier on this node
+ *     (<MEDIC_PROGRESS_DIR, else MEDIC_PROGRESS_DEFAULT>/<job>.<SLURMD_NODENAME>.local-tier),
+ *     exec `medic-epilog --local-tier` instead, which starts the detached sweep that removes
+ *     it once the job has ended for good (slurm_hooks.local_tier).
  *
  * The socket is MEDIC_SOCKET, else the path compiled in (MEDIC_SOCKET_DEFAULT, the daemon's
  * default /run/medic/healthd.sock). Every socket call has a timeout.
@@ -32,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
@@ -39,6 +44,12 @@
 
 #ifndef MEDIC_SOCKET_DEFAULT
 #define MEDIC_SOCKET_DEFAULT "/run/medic/healthd.sock"
+#endif
+#ifndef MEDIC_PROGRESS_DEFAULT
+#define MEDIC_PROGRESS_DEFAULT "/run/medic/progress"
+#endif
+#ifndef MEDIC_EPILOG
+#error "build with -DMEDIC_EPILOG=\"/path/to/medic-epilog\" (python -m slurm_hooks.native.build)"
 #endif
 #ifndef MEDIC_PROLOG
 #error "build with -DMEDIC_PROLOG=\"/path/to/medic-prolog\" (python -m slurm_hooks.native.build)"
@@ -113,6 +124,28 @@ static int ask(const char *path, const char *request, char *reply, size_t cap, c
     return (int)got;
 }
 
+/* A node-local checkpoint tier registered for this job here: hand over to the Python epilog,
+ * which starts the sweep (and does not tell the daemon again). */
+static void local_tier(const char *job)
+{
+    const char *dir = getenv("MEDIC_PROGRESS_DIR"), *node = getenv("SLURMD_NODENAME");
+    char registration[4096];
+    char *args[] = {(char *)MEDIC_EPILOG, (char *)"--local-tier", NULL};
+    struct stat st;
+    int n;
+
+    if (!dir || !*dir)
+        dir = MEDIC_PROGRESS_DEFAULT;
+    if (!*job || !node || !*node || strchr(node, '/') || node[0] == '.')
+        return;
+    n = snprintf(registration, sizeof registration, "%s/%s.%s.local-tier", dir, job, node);
+    if (n < 0 || n >= (int)sizeof registration || lstat(registration, &st) != 0)
+        return;
+    execv(MEDIC_EPILOG, args);
+    fprintf(stderr, "medic-epilog: job %s: node-local checkpoints kept: cannot run %s: %s\n", job,
+            MEDIC_EPILOG, strerror(errno));
+}
+
 static int epilog(const char *path, const char *job)
 {
     char request[128], reply[4096];
@@ -121,6 +154,7 @@ static int epilog(const char *path, const char *job)
     snprintf(request, sizeof request, "{\"op\": \"job_end\", \"job_id\": \"%s\"}\n", job);
     if (ask(path, request, reply, sizeof reply, &why) < 0)
         fprintf(stderr, "medic-epilog: job %s: no post-job checks: %s: %s\n", job, path, why);
+    local_tier(job);
     return 0; /* Slurm's own "Epilog error" drain would only hide Medic's reason */
 }
 
