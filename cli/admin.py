@@ -456,19 +456,17 @@ def remediation_resume(reason: str, store_url: str | None, config_path: Path | N
 def check_config(config: MedicConfig) -> list[str]:
     """Validate every table the way the daemon does at start and on a reload; returns what
     was checked. Raises ConfigError (one line per problem: file, key, problem, fix)."""
-    from sqlalchemy import make_url
-
     from healthd.config_check import validate_config  # the daemon's own, start and reload
     from medic_core.settings import WebhookSettings
-    from medic_core.store import store_settings
+    from medic_core.store_reader import checked_store_url
 
     checks = validate_config(config)
     webhook = WebhookSettings.from_config(config)
-    store = store_settings(config)
+    shown = checked_store_url(config)
     enabled = sum(1 for c in checks.values() if c.enabled)
     return [
         f"{enabled} of {len(checks)} checks enabled",
-        f"store {make_url(store.url).render_as_string(hide_password=True)}",
+        f"store {shown}",
         "webhook " + ("on" if webhook else "off"),
     ]
 

@@ -34,7 +34,7 @@ from medic_core.settings import (
     SweepSettings,
     WebhookSettings,
 )
-from medic_core.store import store_settings
+from medic_core.store_reader import checked_store_url
 
 SLURM_KEYS = ("conf",)
 
@@ -111,7 +111,7 @@ def config_problems(config: MedicConfig) -> list[ConfigError]:
     parsed(lambda: EvidenceSettings.from_config(config))
     parsed(lambda: SweepSettings.from_config(config))
     parsed(lambda: WebhookSettings.from_config(config))
-    parsed(lambda: store_settings(config))
+    parsed(lambda: checked_store_url(config))
     parsed(lambda: FleetSettings.from_config(config))
     problems.extend(_slurm_and_lab(config))
     checks: Mapping[str, CheckConfig] | None = parsed(lambda: load_check_configs(config))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import sqlite3
 import stat
 from collections.abc import Iterator, Mapping, Sequence
@@ -31,11 +32,14 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
+from medic_core.config import MedicConfig
+
 # The newest schema version this Medic knows: len(medic_core.store.migrations.MIGRATIONS).
 SCHEMA_VERSION = 8
 STORE_KEYS = ("url", "event_retention_days", "pool", "pool_size")  # as store_settings'
 POOLS = ("queue", "null")
 MAX_POOL_SIZE = 50
+MAX_RETENTION_DAYS = 36500  # as store_settings'
 SQLITE_BUSY_TIMEOUT_MS = 10_000  # as the store's (medic_core.store.engine)
 PG_CONNECT_TIMEOUT_S = 10
 _PG_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgres+psycopg")
@@ -58,7 +62,7 @@ def configured_url(table: Mapping[str, Any], state_dir: Path) -> str | None:
     if not isinstance(table, Mapping) or any(key not in STORE_KEYS for key in table):
         return None
     days = table.get("event_retention_days", 1)
-    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+    if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= MAX_RETENTION_DAYS:
         return None
     if table.get("pool", POOLS[0]) not in POOLS:
         return None
@@ -67,6 +71,57 @@ def configured_url(table: Mapping[str, Any], state_dir: Path) -> str | None:
         return None
     url = table.get("url", default_url(state_dir))
     return url if isinstance(url, str) else None
+
+
+_PLAIN_PART = re.compile(r"[A-Za-z0-9._-]+")
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9._/-]+")  # no ":memory:", no "file:" URI, no quoting
+
+
+def shown_plain_url(url: str) -> str | None:
+    """`url` as the store shows it (its password hidden, as SQLAlchemy renders it) when it
+    is one the store accepts beyond doubt: a SQLite file path, or a PostgreSQL URL with
+    plain user, host, port and database and no query. None when in doubt: the caller then
+    asks the store proper (SQLAlchemy's parser), which explains what is wrong.
+    tests/test_store_reader.py checks both answers agree on generated URLs."""
+    if url != url.strip() or not url.isprintable():
+        return None
+    if url.startswith(_SQLITE_PREFIXES):
+        path = url.split(":///", 1)[1]
+        return url if _PLAIN_PATH.fullmatch(path) else None
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in _PG_SCHEMES:
+        return None
+    netloc, slash, database = rest.partition("/")
+    if not slash or not _PLAIN_PART.fullmatch(database):
+        return None
+    userinfo, at, hostport = netloc.rpartition("@")
+    host, colon, port = hostport.partition(":")
+    if (host and not _PLAIN_PART.fullmatch(host)) or (colon and not port.isdigit()):
+        return None
+    if colon and not (port.isascii() and 0 < int(port) < 65536):
+        return None
+    user, has_password, password = userinfo.partition(":")
+    if at and not _PLAIN_PART.fullmatch(user):
+        return None
+    if has_password and not _PLAIN_PART.fullmatch(password):
+        return None
+    shown_user = f"{user}:***@" if has_password else (f"{user}@" if at else "")
+    return f"{scheme}://{shown_user}{hostport}/{database}"
+
+
+def checked_store_url(config: MedicConfig) -> str:
+    """`[store]` checked exactly as medic_core.store.store_settings checks it (it raises the
+    same ConfigError), its URL returned as shown (password hidden). A plain table is judged
+    here; anything else by store_settings and SQLAlchemy's parser (~0.3 s of imports)."""
+    url = configured_url(config.table("store"), config.paths.state_dir)
+    shown = shown_plain_url(url) if url is not None else None
+    if shown is not None:
+        return shown
+    from sqlalchemy import make_url
+
+    from medic_core.store import store_settings
+
+    return make_url(store_settings(config).url).render_as_string(hide_password=True)
 
 
 class Reader:
@@ -227,9 +282,11 @@ __all__ = [
     "STORE_KEYS",
     "Reader",
     "Unreachable",
+    "checked_store_url",
     "configured_url",
     "default_url",
     "open_reader",
     "placeholders",
     "reader_of",
+    "shown_plain_url",
 ]

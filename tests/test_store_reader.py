@@ -5,6 +5,7 @@ loose file modes) to the store proper, which migrates, refuses or tightens as be
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import stat
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Connection, text
 
 from cli.node_view import NEWEST_REPORTS, control_of, gather
@@ -233,3 +236,62 @@ def test_a_store_table_the_reader_is_not_sure_of_goes_to_the_store_proper() -> N
     assert configured_url({"event_retention_days": True}, state) is None
     assert open_reader("mysql://x/y") is None
     assert open_reader("sqlite:///:memory:") is None
+
+
+# --- the light judge of a [store] url (config check, the daemon's reload) ---------------------
+
+_PIECE = st.text(alphabet="ab9._-:@/?%#= \t\n\x00é", max_size=6)
+_URL = st.one_of(
+    st.builds(
+        lambda scheme, path: f"{scheme}{path}",
+        st.sampled_from(["sqlite:///", "sqlite+pysqlite:///", "sqlite://", "sqlite+x:///"]),
+        _PIECE,
+    ),
+    st.builds(
+        lambda scheme, user, password, host, port, database, tail: (
+            f"{scheme}://{user}{password}{'@' if user or password else ''}{host}{port}/"
+            f"{database}{tail}"
+        ),
+        st.sampled_from(
+            ["postgresql", "postgres", "postgresql+psycopg", "postgres+psycopg", "pg", "mysql"]
+        ),
+        _PIECE,
+        st.one_of(st.just(""), _PIECE.map(lambda p: f":{p}")),
+        _PIECE,
+        st.one_of(st.just(""), st.integers(-1, 70000).map(lambda n: f":{n}"), _PIECE),
+        _PIECE,
+        st.one_of(st.just(""), _PIECE),
+    ),
+    _PIECE,
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_URL)
+def test_a_url_judged_plain_is_one_the_store_accepts_and_shows_alike(url: str) -> None:
+    """...and a URL either parses or is a BadStoreURL (one line), never another error:
+    found here, `postgresql://u:@:@/d` raised ValueError from SQLAlchemy's port parser."""
+    from sqlalchemy import make_url
+
+    from medic_core.store.engine import BadStoreURL
+
+    with contextlib.suppress(BadStoreURL):
+        parse_url(url)
+    shown = store_reader.shown_plain_url(url)
+    if shown is None:
+        return
+    parse_url(url)  # raises BadStoreURL when the light judge was wrong
+    assert shown == make_url(url).render_as_string(hide_password=True)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:////var/lib/medic/medic.db",
+        "postgresql://medic:pw@db:5432/medic",
+        "postgresql+psycopg://db/medic",
+        "postgres://u@h/d",
+    ],
+)
+def test_plain_urls_are_judged_without_sqlalchemy(url: str) -> None:
+    assert store_reader.shown_plain_url(url) is not None

@@ -53,7 +53,7 @@ def parse_url(url: str | URL) -> URL:
             raise BadStoreURL("empty URL")
         try:
             parsed = make_url(url.strip())
-        except ArgumentError:
+        except (ArgumentError, ValueError):  # ValueError: a port that is not a number
             raise BadStoreURL(f"not a database URL: {url!r}") from None
     else:
         parsed = url
