@@ -33,6 +33,9 @@ from medic_core import proc
 
 log = logging.getLogger("medic.slurm")
 DEFAULT_BIN_DIRS = (Path("/usr/bin"), Path("/usr/local/bin"), Path("/opt/slurm/bin"))
+# Directories searched before DEFAULT_BIN_DIRS, ':'-separated: a Slurm client not in them
+# (the lab's wrappers for a Slurm release run in a Debian root, cli/lab/debian_root.py).
+BIN_DIRS_ENV = "MEDIC_SLURM_BIN"
 DEFAULT_TIMEOUT = 15.0
 
 # Base node states; every other word in a node's state is a flag (DRAIN, REBOOT_ISSUED, ...).
@@ -630,10 +633,13 @@ class CliSlurm:
         self,
         env: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_TIMEOUT,
-        bin_dirs: Iterable[Path] = DEFAULT_BIN_DIRS,
+        bin_dirs: Iterable[Path] | None = None,
     ) -> None:
         self.env = dict(os.environ if env is None else env)
         self.timeout = timeout
+        if bin_dirs is None:
+            first = [Path(d) for d in os.environ.get(BIN_DIRS_ENV, "").split(":") if d]
+            bin_dirs = [*first, *DEFAULT_BIN_DIRS]
         self.bin_dirs = tuple(Path(d) for d in bin_dirs)
         self._binaries: dict[str, str] = {}
         # From 23.11 `sinfo --json` groups nodes by state; we then ask scontrol instead.

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cli.lab.cluster import Lab, slack
+from cli.lab.slurm_conf import LabSpec
 
 
 def poll(what: str, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -37,7 +38,9 @@ def lab_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     if os.geteuid() != 0:
         pytest.fail("the lab tests run munged, slurmctld and slurmd: run them as root")
     lab = Lab(tmp_path_factory.mktemp("lab"))
-    lab.up()  # each test worker (pytest-xdist) runs a lab of its own
+    # MEDIC_LAB_SLURM=24.11 runs the lab tests on that release (cli/lab/debian_root.py).
+    release = os.environ.get("MEDIC_LAB_SLURM", LabSpec.slurm)
+    lab.up(LabSpec(slurm=release))  # each test worker (pytest-xdist) runs a lab of its own
     try:
         yield lab
     finally:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.lab import scenario as scenario_mod
+from cli.lab.debian_root import HOST_RELEASE, MARKER, REPO, DebianRoot, RootError
 from cli.lab.layout import LabLayout, NodeLayout
 from cli.lab.slurm_conf import (
     LabPorts,
@@ -37,6 +38,7 @@ from cli.lab.slurm_conf import (
     render_slurm_conf,
 )
 from medic_core import proc
+from medic_core import slurm as slurm_json
 from slurm_hooks.native import build as native_build
 
 # libslurm-dev and gcc build the --resilient SPANK plugin (and gcc the NVML library).
@@ -47,6 +49,11 @@ DAEMONS = {
     "slurmd": "/usr/sbin/slurmd",
 }
 HOOKS = ("medic-prolog", "medic-epilog", "medic-healthcheck")
+# The Slurm client commands a lab on a Debian root wraps for host-side callers.
+SLURM_CLIENTS = (
+    "scontrol", "squeue", "sinfo", "sbatch", "srun", "salloc", "scancel", "sacct", "sacctmgr",
+    "sprio", "sshare", "sstat", "sattach", "sdiag", "sreport", "strigger",
+)  # fmt: skip
 # Every process the lab starts carries this variable; `down` sweeps stragglers by it
 # (slurmstepd and job processes inherit it from slurmd and the submitting shell).
 LAB_TAG_ENV = "MEDIC_LAB_ROOT"
@@ -237,6 +244,31 @@ class Lab:
         self.layout = LabLayout(self.root)
         # The venv whose console scripts the hook wrappers exec (hooks get no PATH).
         self.venv_bin = venv_bin or Path(sys.executable).parent
+        self._release: str | None = None
+
+    # ---- the Slurm release -------------------------------------------------------------
+
+    def release(self) -> str:
+        """The Slurm release this lab runs (its spec's; the host's before `up`)."""
+        if self._release is None:
+            try:
+                self._release = self.state().spec.slurm
+            except (LabError, ValueError, KeyError, TypeError):
+                return HOST_RELEASE
+        return self._release
+
+    def debian_root(self) -> DebianRoot | None:
+        """The Debian root a newer release runs in; None for the host's own Slurm."""
+        release = self.release()
+        return None if release == HOST_RELEASE else DebianRoot.for_release(release)
+
+    def in_root(self, argv: list[str]) -> list[str]:
+        """`argv` as this lab runs it: inside its Debian root, entered from the host (inside
+        it already, as the RebootProgram is, it runs as it is)."""
+        root = self.debian_root()
+        if root is None or MARKER.exists():
+            return argv
+        return root.enter(argv, self.root)
 
     # ---- environment -------------------------------------------------------------------
 
@@ -250,6 +282,10 @@ class Lab:
             "NVML_INJECT_SCENARIO": str(self.layout.root / "nodes" / "{node}" / "nvml.scenario"),
             LAB_TAG_ENV: str(self.root),
         }
+        if self.release() != HOST_RELEASE:  # Medic runs from the repo in the root's venv
+            env["PYTHONPATH"] = str(REPO)
+            # Medic's Slurm client finds the release's scontrol, squeue... there first.
+            env[slurm_json.BIN_DIRS_ENV] = str(self.layout.slurm_bin)
         if node is not None:
             env["MEDIC_NODE_NAME"] = node
         return env
@@ -259,6 +295,10 @@ class Lab:
         env = dict(os.environ)
         env.setdefault("PATH", SYSTEM_PATH)
         env.update(self.env(node))
+        if self.release() != HOST_RELEASE and not MARKER.exists():
+            # The host's 22.05 client cannot talk to a newer slurmctld: these wrappers run
+            # the root's scontrol, sbatch, srun... (see _write_slurm_wrappers).
+            env["PATH"] = f"{self.layout.slurm_bin}:{env['PATH']}"
         return env
 
     def state(self) -> LabState:
@@ -285,6 +325,7 @@ class Lab:
         """Start the lab; with `sandbox_unit` in production mode (cli/lab/production.py):
         each daemon in that unit's sandbox, each node with the default store of its own."""
         spec = spec or LabSpec()
+        self._release = spec.slurm
         if self.layout.state_file.exists() and self.is_running():
             raise LabError(
                 f"a lab is already running at {self.root}: `medic lab down --dir {self.root}` first"
@@ -298,7 +339,15 @@ class Lab:
                 f"{self.root} is too long for slurmstepd's sockets ({longest} bytes to a node's"
                 f" spool, at most {SUN_PATH_MAX - 26}): use a shorter --dir, e.g. under /tmp"
             )
-        ensure_packages()
+        root = self.debian_root()
+        if root is None:
+            ensure_packages()
+        else:
+            try:
+                root.acquire(self.root)
+            except RootError as exc:
+                raise LabError(f"Slurm {spec.slurm}: {exc}") from None
+            self.venv_bin = root.venv_bin
         host = socket.gethostname().split(".")[0]
         # Several labs may start at once on one host (test workers, the demo): one at a time
         # picks a free block of loopback ports and has its daemons bind them.
@@ -368,7 +417,16 @@ class Lab:
         )
         self._write_wrappers()
         build_library(layout.lib_dir)
-        plugin = spank_build.build_plugin(layout.lib_dir)
+        include_dir = spank_build.INCLUDE_DIR
+        root = self.debian_root()
+        if root is not None:  # the plugin must carry the lab's Slurm version, not the host's
+            include_dir = layout.lib_dir / "include"
+            include_dir.mkdir(exist_ok=True)
+            headers = include_dir / "slurm"
+            headers.unlink(missing_ok=True)
+            headers.symlink_to(root.path / "usr/include/slurm")
+            self._write_slurm_wrappers(root)
+        plugin = spank_build.build_plugin(layout.lib_dir, include_dir)
         native_build.build_hook(layout.lib_dir, self.venv_bin / "medic-prolog")
         (layout.etc / "plugstack.conf").write_text(f"required {plugin}\n")
         shutil.copyfile(spank_build.CLI_FILTER, layout.etc / "cli_filter.lua")
@@ -407,6 +465,19 @@ class Lab:
         dcgmi = f'{header}exec "{python}" -m cli.lab.dcgmi "$@"\n'
         self._write_script(self.layout.tools_dir / "dcgmi", dcgmi)
 
+    def _write_slurm_wrappers(self, root: DebianRoot) -> None:
+        """<lab>/slurm-bin/<client>: the root's Slurm client run inside the root, in the
+        caller's directory (/ if the root has no such directory)."""
+        self.layout.slurm_bin.mkdir(parents=True, exist_ok=True)
+        for name in SLURM_CLIENTS:
+            self._write_script(
+                self.layout.slurm_bin / name,
+                "#!/bin/sh\n# Written by `medic lab up`.\n"
+                f'[ -e {MARKER} ] && exec /usr/bin/{name} "$@"\n'
+                f'wd="$PWD"; [ -d "{root.path}$wd" ] || wd=/\n'
+                f'exec unshare --root="{root.path}" --wd="$wd" /usr/bin/{name} "$@"\n',
+            )
+
     @staticmethod
     def _write_script(path: Path, text: str) -> None:
         path.write_text(text)
@@ -420,16 +491,18 @@ class Lab:
     def _start_munged(self) -> int:
         m = self.layout.munge_dir
         pid = proc.spawn(
-            [
-                DAEMONS["munged"],
-                "-F",
-                "--force",
-                f"--key-file={m / 'munge.key'}",
-                f"--socket={self.layout.munge_socket}",
-                f"--pid-file={m / 'munged.pid'}",
-                f"--log-file={m / 'munged.log'}",
-                f"--seed-file={m / 'munged.seed'}",
-            ],
+            self.in_root(
+                [
+                    DAEMONS["munged"],
+                    "-F",
+                    "--force",
+                    f"--key-file={m / 'munge.key'}",
+                    f"--socket={self.layout.munge_socket}",
+                    f"--pid-file={m / 'munged.pid'}",
+                    f"--log-file={m / 'munged.log'}",
+                    f"--seed-file={m / 'munged.seed'}",
+                ]
+            ),
             log_path=m / "munged.out",
             env=self._daemon_env(),
         )
@@ -443,7 +516,7 @@ class Lab:
 
     def _start_slurmctld(self) -> int:
         pid = proc.spawn(
-            [DAEMONS["slurmctld"], "-D", "-i", "-f", str(self.layout.slurm_conf)],
+            self.in_root([DAEMONS["slurmctld"], "-D", "-i", "-f", str(self.layout.slurm_conf)]),
             log_path=self.layout.ctld_dir / "slurmctld.out",
             env=self._daemon_env(),
         )
@@ -479,7 +552,9 @@ class Lab:
         argv = [DAEMONS["slurmd"], "-D", "-N", name, "-f", str(self.layout.slurm_conf)]
         if rebooted:
             argv.insert(1, "-b")
-        pid = proc.spawn(argv, log_path=node.dir / "slurmd.out", env=self._daemon_env())
+        pid = proc.spawn(
+            self.in_root(argv), log_path=node.dir / "slurmd.out", env=self._daemon_env()
+        )
         return pid
 
     # ---- healthd -----------------------------------------------------------------------
@@ -511,7 +586,7 @@ class Lab:
                 path.mkdir(parents=True, exist_ok=True)
             prefix, sandbox_env = sandbox_argv(writable, Path(state.sandbox_unit))
             argv, env = [*prefix, *argv], {**env, **sandbox_env}
-        pid = proc.spawn(argv, log_path=node.healthd_log, env=env)
+        pid = proc.spawn(self.in_root(argv), log_path=node.healthd_log, env=env)
         node.healthd_pid.write_text(f"{pid}\n")
 
         def answers() -> bool:
@@ -550,13 +625,35 @@ class Lab:
         return proc.run(argv, timeout=timeout, env=self.process_env(), check=check)
 
     def sinfo_nodes(self) -> list[dict[str, Any]]:
-        out = self.slurm(["sinfo", "--json"]).stdout
-        nodes: list[dict[str, Any]] = json.loads(out)["nodes"]
-        return nodes
+        """Every node's record as 22.05's `sinfo --json` prints it. From 23.11 `sinfo --json`
+        groups nodes, so newer releases are read from `scontrol show nodes --json` and given
+        22.05's shape: `state` one lower-case word, `state_flags` the rest, plain numbers."""
+        if self.release() == HOST_RELEASE:
+            out = self.slurm(["sinfo", "--json"]).stdout
+            nodes: list[dict[str, Any]] = json.loads(out)["nodes"]
+            return nodes
+        what = "scontrol show nodes --json"
+        text = self.slurm(["scontrol", "show", "nodes", "--json"]).stdout
+        raw = {str(n.get("name")): n for n in json.loads(text)["nodes"]}
+        return [
+            {
+                **raw[info.name],
+                "state": info.state.lower(),
+                "state_flags": sorted(info.flags),
+                "reason_changed_at": info.reason_time,
+                "boot_time": info.boot_time,
+            }
+            for info in slurm_json.parse_nodes(text, what)
+        ]
 
     def active_jobs(self) -> list[dict[str, Any]]:
-        """Jobs not yet finished (squeue --json also lists finished ones until MinJobAge)."""
-        jobs: list[dict[str, Any]] = json.loads(self.slurm(["squeue", "--json"]).stdout)["jobs"]
+        """Jobs not yet finished (squeue --json also lists finished ones until MinJobAge),
+        `job_state` one word as in 22.05 (newer releases print a list: base state, flags)."""
+        text = self.slurm(["squeue", "--json"]).stdout
+        jobs: list[dict[str, Any]] = json.loads(text)["jobs"]
+        if self.release() != HOST_RELEASE:
+            states = {j.job_id: j.state for j in slurm_json.parse_jobs(text)}
+            jobs = [{**j, "job_state": states.get(str(j.get("job_id")), "")} for j in jobs]
         return [j for j in jobs if j["job_state"] in ACTIVE_JOB_STATES]
 
     def nodes(self) -> list[NodeStatus]:
@@ -652,6 +749,12 @@ class Lab:
         self._terminate(self.daemon_pids(), timeout)
         self._terminate(self.tagged_pids(), timeout)
         self.layout.munge_socket.unlink(missing_ok=True)
+        root = self.debian_root()
+        if root is not None:  # the last lab using the root unmounts it
+            try:
+                root.release_use(self.root)
+            except RootError as exc:
+                raise LabError(f"Slurm {self.release()}: {exc}") from None
 
     @staticmethod
     def _terminate(pids: list[int], timeout: float) -> None:
@@ -779,5 +882,8 @@ class Lab:
     def export_lines(self) -> list[str]:
         """Shell lines that point a terminal at this lab (printed by `up`, kept in env.sh)."""
         lines = [f"export {key}={shlex.quote(value)}" for key, value in self.env().items()]
-        lines.append(f'export PATH={shlex.quote(str(self.venv_bin))}:"$PATH"')
+        path = [str(self.venv_bin)]
+        if self.release() != HOST_RELEASE:  # the root's Slurm client; the host's Medic
+            path = [str(self.layout.slurm_bin), str(Path(sys.executable).parent)]
+        lines.append(f'export PATH={shlex.quote(":".join(path))}:"$PATH"')
         return lines

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from cli.lab.cluster import Lab, LabError
+from cli.lab.debian_root import HOST_RELEASE, SUITES
 from cli.lab.slurm_conf import LabSpec
 
 DEFAULT_DIR = Path(os.environ.get("MEDIC_LAB_DIR", "/var/tmp/medic-lab"))
@@ -58,13 +59,30 @@ def lab() -> None:
     type=click.Path(file_okay=False, exists=True, path_type=Path),
     help="With --production: a venv the wheel is installed in already (skips the build).",
 )
+@click.option(
+    "--slurm",
+    "release",
+    type=click.Choice([HOST_RELEASE, *SUITES]),
+    default=HOST_RELEASE,
+    show_default=True,
+    help="Slurm release: the host's, or a newer one run in a Debian root built once and"
+    " cached (MEDIC_LAB_CACHE, default /var/cache/medic-lab).",
+)
 def up(
-    root: Path, nodes: int, gpus: int, healthd: bool, production: bool, wheel_venv: Path | None
+    root: Path,
+    nodes: int,
+    gpus: int,
+    healthd: bool,
+    production: bool,
+    wheel_venv: Path | None,
+    release: str,
 ) -> None:
     """Start munged, slurmctld and one slurmd per node; wait until all are IDLE."""
     lab_ = Lab(root)
     try:
         unit = None
+        if production and release != HOST_RELEASE:
+            raise LabError(f"--production runs on the host's Slurm only: drop --slurm {release}")
         if production:
             from cli.lab.production import UNIT, ProductionError, can_sandbox, install_wheel
 
@@ -76,7 +94,8 @@ def up(
             except ProductionError as exc:
                 raise LabError(str(exc)) from exc
             unit = UNIT
-        state = lab_.up(LabSpec(nodes=nodes, gpus_per_node=gpus), sandbox_unit=unit)
+        spec = LabSpec(nodes=nodes, gpus_per_node=gpus, slurm=release)
+        state = lab_.up(spec, sandbox_unit=unit)
         if healthd:
             for name in state.spec.node_names():
                 lab_.start_healthd(name)
@@ -86,7 +105,7 @@ def up(
     if production:
         daemons += f" (from the wheel in {lab_.venv_bin.parent}, in the unit's sandbox)"
     click.echo(
-        f"lab up at {lab_.root}: {nodes} nodes x {gpus} GPUs, all IDLE in"
+        f"lab up at {lab_.root}: Slurm {release}, {nodes} nodes x {gpus} GPUs, all IDLE in"
         f" {state.up_seconds:.1f}s{daemons}"
     )
     click.echo(f"to use it:  source {lab_.layout.env_file}   (or paste:)")

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cli.lab.cluster import Lab, slack, wait_for
+from cli.lab.debian_root import HOST_RELEASE, SUITES
 from cli.lab.train import uninterrupted
 from medic_core import proc
 
@@ -75,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--venv", type=Path, help="with --production: a venv holding the wheel already"
     )
+    parser.add_argument(
+        "--slurm", default=HOST_RELEASE, choices=[HOST_RELEASE, *SUITES], help="Slurm release"
+    )
     args = parser.parse_args(argv)
     root = args.dir or Path(tempfile.mkdtemp(prefix="medic-demo-"))
     medic = str(Path(sys.executable).parent / "medic")
@@ -82,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     steps, pace = 40, 0.25
     try:
         up = [medic, "lab", "up", "--dir", str(root)]
+        if args.slurm != HOST_RELEASE:
+            up += ["--slurm", args.slurm]
         show(
             lab,
             [*up, "--production", *(["--venv", str(args.venv)] if args.venv else [])]
@@ -92,10 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.production:  # from here on, Medic's own commands are the wheel's
             medic = str(lab.state().venv_bin) + "/medic"
+        # The jobs' Python: a newer release's jobs run in its Debian root, on that root's.
+        python = sys.executable
+        if args.slurm != HOST_RELEASE:
+            python = str(lab.state().venv_bin) + "/python"
         show(lab, ["sinfo"])
         show(
             lab,
-            ["srun", "-w", "n2", "-N1", sys.executable, "-m", "cli.lab.gpu_table"],
+            ["srun", "-w", "n2", "-N1", python, "-m", "cli.lab.gpu_table"],
             "the unmodified pynvml on n2 reads the simulated GPUs",
         )
         work = root / "train"
@@ -103,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         script = work / "train.sh"
         script.write_text(
             "#!/bin/sh\n"
-            f"exec {sys.executable} -m cli.lab.train {work / 'ckpt'} {work / 'result'}"
+            f"exec {python} -m cli.lab.train {work / 'ckpt'} {work / 'result'}"
             f" {steps} {pace}\n"
         )
         job = (

@@ -6,6 +6,7 @@
 <root>/munge/                   key, socket, pid, log of the lab's own munged
 <root>/ctld/                    slurmctld state, pid, log
 <root>/bin/                     hook wrappers named in slurm.conf
+<root>/slurm-bin/               a newer release's Slurm client, run in its Debian root
 <root>/tools/                   stand-ins for deep-tier tools (dcgmi)
 <root>/lib/libnvidia-ml.so.1    the NVML injection library
 <root>/nodes/<n>/               per node: spool, slurmd pid/log, host tree, state, scenario
@@ -60,6 +61,11 @@ class LabLayout:
     @property
     def bin_dir(self) -> Path:
         return self.root / "bin"
+
+    @property
+    def slurm_bin(self) -> Path:
+        """Wrappers running a Debian root's Slurm client (labs on a newer release only)."""
+        return self.root / "slurm-bin"
 
     @property
     def tools_dir(self) -> Path:

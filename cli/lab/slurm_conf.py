@@ -19,6 +19,9 @@ class LabSpec:
     partition: str = "gpu"
     cluster_name: str = "medic-lab"
     node_prefix: str = "n"
+    # The Slurm release the lab runs: the host's (22.05) or one from a Debian root
+    # (cli/lab/debian_root.py).
+    slurm: str = "22.05"
 
     def node_names(self) -> list[str]:
         return [f"{self.node_prefix}{i}" for i in range(1, self.nodes + 1)]
