@@ -30,6 +30,14 @@ from cli.admin import (
     store_option,
     when,
 )
+from cli.report_whatif import (
+    MEASURED,
+    measured_mttr,
+    measured_rate,
+    parse_hours,
+    parse_rate,
+    parse_reloads,
+)
 from remediation import report as rp
 from remediation import whatif as wi
 
@@ -108,6 +116,7 @@ def print_report(report: rp.Report, top: int) -> None:
                         duration(i.isolation_s),
                         duration(i.scheduling_s),
                         duration(i.restart_s),
+                        "-" if i.reload_s is None else f"{duration(i.reload_s)} {i.resumed_tier}",
                         duration(i.wall_s) + ("*" if i.clock_skew else ""),
                         duration(i.lost_work_s),
                         _outcome(i),
@@ -123,6 +132,7 @@ def print_report(report: rp.Report, top: int) -> None:
                 "ISOLATE",
                 "SCHEDULE",
                 "RESTART",
+                "RELOAD",
                 "WALL",
                 "LOST",
                 "OUTCOME",
@@ -364,7 +374,8 @@ def checkpoint_marks(pairs: Sequence[str]) -> list[rp.CheckpointMark]:
             )
         for r in resumes:
             at = dt.datetime.fromtimestamp(r.time, dt.UTC)
-            marks.append(rp.CheckpointMark(job_id, at, "resume", r.step, r.restart_count))
+            mark = rp.CheckpointMark(job_id, at, "resume", r.step, r.restart_count, None, r.tier)
+            marks.append(dataclasses.replace(mark, reload_s=r.reload_s))
     return marks
 
 
@@ -488,61 +499,6 @@ def report(
 
 # -- what-if -------------------------------------------------------------------------------
 
-_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(%?)\s*$", re.IGNORECASE)
-_SPAN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h|d)?\s*$", re.IGNORECASE)
-_SPAN_HOURS = {"s": 1 / 3600, "m": 1 / 60, "min": 1 / 60, "h": 1.0, "d": 24.0}
-
-
-def parse_rate(text: str) -> float:
-    match = _RATE.match(text)
-    if not match:
-        raise AdminError(
-            f"--failure-rate {text!r}: expected failures per node-hour, as 0.0005 or 0.05%",
-            code=EXIT_USAGE,
-        )
-    value = float(match.group(1)) / (100 if match.group(2) else 1)
-    if value >= 1:
-        raise AdminError(
-            f"--failure-rate {text!r}: a rate per node-hour must be below 1"
-            " (write 0.05% or 0.0005)",
-            code=EXIT_USAGE,
-        )
-    return value
-
-
-def parse_hours(option: str, text: str, default_unit: str = "m") -> float:
-    match = _SPAN.match(text)
-    if not match:
-        raise AdminError(
-            f"{option} {text!r}: expected a duration such as 40m, 4.5h, 90s or 2d", code=EXIT_USAGE
-        )
-    unit = (match.group(2) or default_unit).lower()
-    return float(match.group(1)) * _SPAN_HOURS[unit]
-
-
-MEASURED = "measured"
-
-
-def measured_rate(found: rp.Report) -> float:
-    if not found.fleet.episodes:
-        raise AdminError(
-            "--failure-rate measured: no episode in the window to measure a rate from",
-            code=EXIT_USAGE,
-        )
-    return found.fleet.failure_rate_per_node_hour
-
-
-def measured_mttr(found: rp.Report) -> float:
-    """Hours: the mean outage of the recovered interruptions plus their mean lost work (the
-    model without --checkpoint-every counts lost work inside the MTTR)."""
-    if found.mttr_s is None:
-        raise AdminError(
-            "--mttr measured: no recovered interruption in the window to measure it from",
-            code=EXIT_USAGE,
-        )
-    lost = found.components["lost_work"].mean_s or 0.0
-    return (found.mttr_s + lost) / 3600
-
 
 @report.command("what-if")
 @click.option("--nodes", type=click.IntRange(min=1), required=True, help="Nodes the job uses.")
@@ -593,6 +549,19 @@ def measured_mttr(found: rp.Report) -> float:
     default=None,
     help="Cost of one GPU-hour, for the cost columns.",
 )
+@click.option(
+    "--reload",
+    "reload_texts",
+    multiple=True,
+    help="Checkpoint reload time per tier, TIER=DURATION (durable=25m, local=20s): --mttr"
+    " is then the downtime before the reload.",
+)
+@click.option(
+    "--local-share",
+    type=float,
+    default=None,
+    help="With --reload local=...: share (0-1) of interruptions that reload locally.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def what_if(
     nodes: int,
@@ -604,9 +573,13 @@ def what_if(
     interval_text: str | None,
     cost_text: str,
     price: float | None,
+    reload_texts: tuple[str, ...],
+    local_share: float | None,
     as_json: bool,
 ) -> None:
-    """Expected interruptions, lost days and cost of a training run, for each --mttr."""
+    """Expected interruptions, lost days and cost of a training run, for each --mttr (and
+    each reload tier mix, with --reload)."""
+    reloads = parse_reloads(reload_texts, local_share)
     if (gpu_hours is None) == (days is None):
         raise AdminError(
             "give the run's length: --gpu-hours or --days (one of them)", code=EXIT_USAGE
@@ -620,30 +593,34 @@ def what_if(
     work_hours = days * 24 if days is not None else (gpu_hours or 0.0) / (nodes * gpus_per_node)
     interval = parse_hours("--checkpoint-every", interval_text) if interval_text else None
     stall = parse_hours("--checkpoint-cost", cost_text, "s")
-    outcomes = []
+    outcomes, labels = [], []
     for text in mttr_texts:
-        scenario = wi.Scenario(
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            failure_rate=rate,
-            work_hours=work_hours,
-            mttr_hours=measured_mttr(found)
-            if text == MEASURED and found
-            else parse_hours("--mttr", text),
-            checkpoint_interval_hours=interval,
-            checkpoint_cost_hours=stall,
-            price_per_gpu_hour=price,
-        )
-        try:
-            outcomes.append(wi.expect(scenario))
-        except ValueError as exc:
-            raise AdminError(str(exc), code=EXIT_USAGE) from None
+        mttr = measured_mttr(found) if text == MEASURED and found else parse_hours("--mttr", text)
+        for label, hours in reloads.rows(mttr) if reloads else [("", mttr)]:
+            labels.append(label)
+            scenario = wi.Scenario(
+                nodes=nodes,
+                gpus_per_node=gpus_per_node,
+                failure_rate=rate,
+                work_hours=work_hours,
+                mttr_hours=hours,
+                checkpoint_interval_hours=interval,
+                checkpoint_cost_hours=stall,
+                price_per_gpu_hour=price,
+            )
+            try:
+                outcomes.append(wi.expect(scenario))
+            except ValueError as exc:
+                raise AdminError(str(exc), code=EXIT_USAGE) from None
     savings = [wi.saving(outcomes[0], o) for o in outcomes[1:]]
     if as_json:
         echo_json(
             {
                 "format": REPORT_FORMAT,
-                "what_if": [_plain(o) for o in outcomes],
+                "what_if": [
+                    _plain(o) | {"reload": label or None}
+                    for o, label in zip(outcomes, labels, strict=True)
+                ],
                 "savings": [
                     {k: _plain(v) for k, v in vars(s).items() if k not in ("base", "better")}
                     | {
@@ -662,8 +639,8 @@ def what_if(
         f" {first.work_hours / 24:,.1f} days of failure-free work"
     )
     rows = []
-    for o in outcomes:
-        row = [
+    for o, label in zip(outcomes, labels, strict=True):
+        row = [label] * bool(reloads) + [
             duration(o.scenario.mttr_hours * 3600),
             f"{o.interruptions:,.1f}",
             f"{o.wall_hours / 24:,.1f}",
@@ -673,7 +650,8 @@ def what_if(
         if o.cost is not None and o.lost_cost is not None:
             row += [f"{o.cost:,.0f}", f"{o.lost_cost:,.0f}"]
         rows.append(row)
-    headers = ["MTTR", "INTERRUPTIONS", "WALL DAYS", "LOST DAYS", "ETTR"]
+    headers = ["RELOAD"] * bool(reloads) + ["MTTR", "INTERRUPTIONS", "WALL DAYS", "LOST DAYS"]
+    headers += ["ETTR"]
     if price is not None:
         headers += ["COST", "LOST COST"]
     echo_table(headers, rows)

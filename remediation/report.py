@@ -15,7 +15,9 @@ the store (or the checkpoint helper) keeps:
     resumed_at   training resumed            the checkpoint helper's resume mark
 
 The components (detection, isolation, scheduling, restart) are the gaps between consecutive
-known points, so they always sum to the interruption's wall time. A point earlier than the
+known points, so they always sum to the interruption's wall time. Restart is split once more:
+its reload (the resume mark's reload_s: latest() finding and verifying the step, in the tier
+the mark names) and the rest, the job's launch up to latest(). A point earlier than the
 one before it (two nodes' clocks disagree) is moved up to it and the interruption flagged.
 Lost work (time computed since the last complete checkpoint, replayed after the restart) is
 not part of that wall time: the job did that work once already. It runs from the commit of
@@ -40,6 +42,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from remediation.policy import fault_family
+from remediation.report_limits import CANNOT_KNOW
 
 # Job actions (remediation.decide, remediation.actions) that end a resilient job's run.
 REQUEUED = "requeued"
@@ -62,27 +65,6 @@ REBOOT = "reboot"
 REBOOT_SEEN = "new boot seen"
 
 COMPONENTS = ("detection", "isolation", "scheduling", "restart")
-
-CANNOT_KNOW = (
-    "detection: only a fault whose sensor dates it has one (fault_at): an XID or other"
-    " fault in the kernel log (its timestamp, which drifts from the wall clock with uptime)"
-    " and a hang (its last step); NVML events (XIDs by NVML alone, ECC, the GPU checks) and"
-    " the other checks carry no time of their own: their detection is unknown, not 0",
-    "isolation ends at the job_action record, taken when Slurm's drain and requeue calls"
-    " returned; known_at is when the daemon began its answer, a few ms after its check saw"
-    " the fault (a store's earlier fault event is used when there is one)",
-    "running again is the job's first prolog allowed after the requeue (the first node's),"
-    " not the moment every node of the job started",
-    "restart and lost work need the checkpoint helper's records (its ledger, or for jobs"
-    " from before it the manifests and resume marks left): jobs without them show these as"
-    " unknown, and their ETTR is an upper bound",
-    "a job that was never interrupted leaves no record that it was resilient: only"
-    " interrupted jobs are listed",
-    "node-hours count every node of the fleet for the whole window, in service or not",
-    "a reboot recorded before the ladder noted the new boot has no measured duration",
-    "a false ejection is an episode resolved by its re-qualification (requalify_checks: the"
-    " deep tier where configured) with no repair run, no failed re-qualification and no RMA",
-)
 
 
 # -- rows in -------------------------------------------------------------------------------
@@ -140,6 +122,8 @@ class CheckpointMark:
     step: int | None  # a resume that found no checkpoint: None
     restart_count: int = 0
     duration_s: float | None = None  # a commit's: staging to manifest (None: not recorded)
+    tier: str | None = None  # a resume's: where latest() found the step (local, durable)
+    reload_s: float | None = None  # a resume's: latest() finding and verifying it
 
 
 @dataclass(frozen=True)
@@ -236,6 +220,8 @@ class Interruption:
     recovered: bool  # the job runs again
     clock_skew: bool  # a point was earlier than the one before it
     also: tuple[str, ...] = ()  # further faults of the same outage, "node:fault_class"
+    reload_s: float | None = None  # the part of restart_s spent reloading (latest())
+    resumed_tier: str | None = None  # the tier it reloaded from (None: not recorded)
 
     @property
     def downtime_s(self) -> float:
@@ -547,6 +533,7 @@ def _interruption(
     lost, from_step = None, None
     if have_checkpoints:
         lost, from_step = _lost_work(fault_at or known, commits, resumes, run_started, mark)
+    restart = _gap(p_running, p_resumed)
     return Interruption(
         job_id=job_id,
         node=action.node,
@@ -560,13 +547,22 @@ def _interruption(
         detection_s=_gap(p_fault, p_known),
         isolation_s=seconds(p_known, p_isolated),
         scheduling_s=_gap(p_isolated, p_running),
-        restart_s=_gap(p_running, p_resumed),
+        restart_s=restart,
+        reload_s=_reload(restart, mark),
+        resumed_tier=mark.tier if mark is not None else None,
         wall_s=seconds(known_points[0], known_points[-1]),
         lost_work_s=lost,
         resumed_from_step=from_step,
         recovered=p_running is not None,
         clock_skew=skewed,
     )
+
+
+def _reload(restart: float | None, mark: CheckpointMark | None) -> float | None:
+    """The resume's reload, never more than the restart it is part of (clock skew)."""
+    if restart is None or mark is None or mark.reload_s is None:
+        return None
+    return min(max(0.0, mark.reload_s), restart)
 
 
 def _lost_work(
@@ -710,6 +706,7 @@ def build_report(data: ReportInput) -> Report:
         "isolation": spread(i.isolation_s for i in recovered),
         "scheduling": spread(i.scheduling_s for i in recovered),
         "restart": spread(i.restart_s for i in recovered),
+        "reload": spread(i.reload_s for i in recovered),  # part of restart, not added to wall
         "wall": spread(i.wall_s for i in recovered),
         "lost_work": spread(i.lost_work_s for i in every),
     }

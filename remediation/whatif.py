@@ -18,6 +18,11 @@ For T hours of failure-free work:
 
 Without τ the work lost is taken to be inside the MTTR: n = Λ·T and W = T·(1 + Λ·MTTR),
 which is the model of AWS's HyperPod case (docs/operator-guide.md works it by hand).
+
+With a reload time per checkpoint tier (`Reloads`), the MTTR given is the downtime before
+the reload, and each interruption adds its tier's reload: every one from the durable tier,
+or a share s from the node-local tier (the job comes back on the same nodes: an application
+fault) and the rest from durable, MTTR + s·local + (1 − s)·durable.
 """
 
 from __future__ import annotations
@@ -36,6 +41,46 @@ class Scenario:
     checkpoint_interval_hours: float | None = None
     checkpoint_cost_hours: float = 0.0
     price_per_gpu_hour: float | None = None
+
+
+RELOAD_TIERS = ("local", "durable")  # a peer replica tier is not built (docs/resilient-jobs.md)
+
+
+@dataclass(frozen=True)
+class Reloads:
+    """Hours to reload a checkpoint from each tier, and the share of interruptions that
+    reload from the node-local one (None: no node-local tier)."""
+
+    durable_hours: float
+    local_hours: float | None = None
+    local_share: float | None = None
+
+    @classmethod
+    def of(cls, hours: dict[str, float], local_share: float | None) -> Reloads:
+        if "durable" not in hours:
+            raise ValueError(
+                "--reload durable=DURATION is needed: a lost node's job always reloads from"
+                " the durable tier (peer replicas are not built)"
+            )
+        local = hours.get("local")
+        if (local is None) != (local_share is None):
+            raise ValueError(
+                "--reload local=DURATION and --local-share go together: the share (0 to 1)"
+                " of interruptions that come back on the same nodes and reload locally"
+            )
+        if local_share is not None and not 0 <= local_share <= 1:
+            raise ValueError(f"--local-share {local_share}: expected a share from 0 to 1")
+        return cls(hours["durable"], local, local_share)
+
+    def rows(self, mttr_hours: float) -> list[tuple[str, float]]:
+        """(label, MTTR with the reload) for every interruption from durable, and with the
+        node-local tier when there is one."""
+        found = [("durable", mttr_hours + self.durable_hours)]
+        if self.local_hours is not None and self.local_share is not None:
+            share = self.local_share
+            mixed = share * self.local_hours + (1 - share) * self.durable_hours
+            found.append((f"local {share:.0%}, else durable", mttr_hours + mixed))
+        return found
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ LEDGER_LIMIT = 64 << 20  # bytes of ledger read (~400,000 commits)
 LOCAL_ENV = "MEDIC_CHECKPOINT_LOCAL"
 LOCAL_CAP_ENV = "MEDIC_CHECKPOINT_LOCAL_CAP"
 LOCAL, DURABLE = "local", "durable"
+TIERS = (LOCAL, "peer", DURABLE)  # a resume mark's tier: one of these (peer: not built)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 # Tests stop a commit or a drain here, as a kill would: called with "<tier>:<point>".
 _fault: Callable[[str], None] | None = None
@@ -147,6 +148,8 @@ class Resume:
     restart_count: int
     time: float
     step: int | None
+    tier: str | None = None  # latest()'s: where it found the step (None: not recorded)
+    reload_s: float | None = None  # latest()'s read_s: finding and verifying it
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,8 @@ class LedgerRecord:
     job_id: str | None
     restart_count: int
     started: float | None = None  # a commit's staging began (its duration)
+    tier: str | None = None  # a resume's: the tier and seconds of its reload (Resume's)
+    reload_s: float | None = None
 
     @property
     def duration(self) -> float | None:
@@ -168,6 +173,8 @@ class LedgerRecord:
     def line(self) -> bytes:
         body = {"kind": self.kind, "time": self.time, "step": self.step, "job_id": self.job_id,
                 "restart_count": self.restart_count, "started": self.started}  # fmt: skip
+        if self.kind == RESUME:
+            body |= {"tier": self.tier, "reload_s": self.reload_s}
         return (LEDGER_TAG + json.dumps(body, separators=(",", ":"))[1:] + "\n").encode()
 
 
@@ -193,7 +200,10 @@ def _ledger_record(text: str) -> LedgerRecord | None:
         return None
     if job_id is not None and not isinstance(job_id, str):
         return None
-    return LedgerRecord(kind, at, step, job_id, restarts, _float_or_none(raw.get("started")))
+    tier = raw.get("tier") if raw.get("tier") in TIERS else None
+    reload_s = None if (took := _float_or_none(raw.get("reload_s"))) is None or took < 0 else took
+    started = _float_or_none(raw.get("started"))
+    return LedgerRecord(kind, at, step, job_id, restarts, started, tier, reload_s)
 
 
 def parse_ledger(data: bytes) -> list[LedgerRecord]:
@@ -632,15 +642,9 @@ class CheckpointDir:
             entries = {
                 name: FileEntry(int(e["size"]), e.get("sha256")) for name, e in raw["files"].items()
             }
-            checkpoint = Checkpoint(
-                path=path,
-                step=step,
-                time=float(raw["time"]),
-                job_id=raw.get("job_id"),
-                restart_count=int(raw.get("restart_count", 0)),
-                files=entries,
-                started=_float_or_none(raw.get("started")),
-            )
+            checkpoint = Checkpoint(path, step, float(raw["time"]), raw.get("job_id"),
+                                    int(raw.get("restart_count", 0)), entries,
+                                    _float_or_none(raw.get("started")))  # fmt: skip
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
             return None
         if step != step_named:
@@ -700,8 +704,9 @@ class CheckpointDir:
             return  # root looking into a user's directory writes nothing there
         now = time.time()
         step = found.step if found else None
+        tier, read_s = (found.tier, found.read_s) if found else (None, None)
         mark = {"job_id": job_id, "restart_count": restarts, "time": now, "step": step,
-                "tier": found.tier if found else None}  # fmt: skip
+                "tier": tier, "read_s": read_s}  # fmt: skip
         path = self.root / f"{RESUME_PREFIX}{job_id}.{restarts}.json"
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
@@ -710,7 +715,7 @@ class CheckpointDir:
         with contextlib.suppress(OSError), os.fdopen(fd, "w") as f:
             json.dump(mark, f)
         # The mark file made this the run's first look: the ledger gets it once too.
-        self._append_ledger(LedgerRecord(RESUME, now, step, job_id, restarts))
+        self._append_ledger(LedgerRecord(RESUME, now, step, job_id, restarts, None, tier, read_s))
 
     def ledger(self) -> list[LedgerRecord]:
         """The ledger's records, oldest first ([] without one). Read as a user's file
@@ -736,10 +741,8 @@ class CheckpointDir:
                 LedgerRecord(COMMIT, c.time, c.step, c.job_id, c.restart_count, c.started),
             )
         for m in self.resumes():
-            resumes.setdefault(
-                (m.job_id, m.restart_count),
-                LedgerRecord(RESUME, m.time, m.step, m.job_id, m.restart_count),
-            )
+            mark = LedgerRecord(RESUME, m.time, m.step, m.job_id, m.restart_count, None, m.tier)
+            resumes.setdefault((m.job_id, m.restart_count), replace(mark, reload_s=m.reload_s))
         return (
             sorted(commits.values(), key=lambda r: r.time),
             sorted(resumes.values(), key=lambda r: r.time),
@@ -767,13 +770,15 @@ class CheckpointDir:
         """The mark file `name` (read as a user's file), or [] when it is not one."""
         try:
             raw = json.loads(top.read(name, limit=SMALL_LIMIT))
-            step = raw.get("step")
+            step, tier = raw.get("step"), raw.get("tier")
             return [
                 Resume(
                     job_id=str(raw["job_id"]),
                     restart_count=int(raw["restart_count"]),
                     time=float(raw["time"]),
                     step=None if step is None else int(step),
+                    tier=tier if tier in TIERS else None,
+                    reload_s=_float_or_none(raw.get("read_s")),
                 )
             ]
         except (UnsafeFile, ValueError, KeyError, TypeError, AttributeError, RecursionError):
