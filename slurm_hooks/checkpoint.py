@@ -278,11 +278,10 @@ def _host() -> str:
 
 def _pid_alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        with contextlib.suppress(PermissionError):  # someone else's process: alive
+            os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -337,7 +336,9 @@ class CheckpointDir:
             job = self._env.get(JOB_ENV) or f"uid-{os.geteuid()}"
             if "/" in job or job in (".", ".."):
                 raise CheckpointError(f"{JOB_ENV}={job!r}: not a job id; unset {LOCAL_ENV}")
-            local = _shared_base(Path(self._env[LOCAL_ENV])) / f"job-{job}"
+            _own_dir(local := _shared_base(Path(self._env[LOCAL_ENV])) / f"job-{job}")
+            # per durable directory: a rank moved to a node never takes another rank's steps
+            local /= "d-" + hashlib.sha256(str(self.root).encode()).hexdigest()[:16]
         if local is not None and local is not False:
             self.local = LocalTier(self, Path(local), local_cap, background_drain)
 
@@ -703,8 +704,7 @@ class CheckpointDir:
         if os.geteuid() == 0 and self.root.stat().st_uid != 0:
             return  # root looking into a user's directory writes nothing there
         now = time.time()
-        step = found.step if found else None
-        tier, read_s = (found.tier, found.read_s) if found else (None, None)
+        step, tier, read_s = (found.step, found.tier, found.read_s) if found else (None,) * 3
         mark = {"job_id": job_id, "restart_count": restarts, "time": now, "step": step,
                 "tier": tier, "read_s": read_s}  # fmt: skip
         path = self.root / f"{RESUME_PREFIX}{job_id}.{restarts}.json"

@@ -83,9 +83,10 @@ def register(progress_dir: Path, job_id: str, node: str, local_dir: Path) -> str
 
 
 def register_job_dir(env: Mapping[str, str], local_dir: Path) -> None:
-    """The library's call for a job's node-local directory `job-<SLURM_JOB_ID>`: register
-    it for the epilog's sweep; a failure costs only that, one line on stderr."""
+    """The library's call for a job's node-local directory `job-<SLURM_JOB_ID>/d-<hash>`:
+    register `job-<id>` for the epilog's sweep; a failure costs only that (one line)."""
     job_id = env.get("SLURM_JOB_ID", "")
+    local_dir = local_dir.parent  # job-<id>/d-<the durable directory's hash>
     if not job_id or local_dir.name != f"job-{job_id}":
         return  # not a Slurm job's directory (a test, `local=` named by hand): not swept
     progress_dir = Path(env.get(heartbeat.DIR_ENV) or heartbeat.DEFAULT_DIR)

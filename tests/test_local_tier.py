@@ -40,7 +40,7 @@ def job_dir(tmp_path: Path, job_id: str, node: str = NODE) -> Path:
     with ckpt.writing(1) as tmp:
         (tmp / "model.bin").write_bytes(b"x" * 100)
     ckpt.drain(30)
-    return ckpt.local.root
+    return ckpt.local.root.parent
 
 
 def progress(tmp_path: Path) -> Path:
@@ -51,6 +51,26 @@ def progress(tmp_path: Path) -> Path:
 
 def sweep(tmp_path: Path, client: FakeSlurm, ending: str | None = None) -> local_tier.Swept:
     return local_tier.sweep(client, progress(tmp_path), NODE, ending, wait=0.0, poll=0.01)
+
+
+def test_each_durable_directory_has_its_own_local_directory(tmp_path: Path) -> None:
+    """Two ranks of one job, each with its durable directory: rank 1 requeued onto the node
+    where rank 0 wrote finds none of rank 0's steps (it resumes from its own durable)."""
+    env = {LOCAL_ENV: str(tmp_path / "shm"), "SLURM_JOB_ID": "40"}
+    env["MEDIC_PROGRESS_DIR"] = str(progress(tmp_path))
+    rank0 = CheckpointDir(tmp_path / "rank-0", env=env, background_drain=False)
+    with rank0.writing(7) as tmp:
+        (tmp / "w").write_text("rank 0")
+    rank0.drain(30)
+    rank1 = CheckpointDir(tmp_path / "rank-1", env=env, background_drain=False)
+    with rank1.writing(6) as tmp:
+        (tmp / "w").write_text("rank 1")
+    rank1.drain(30)
+    assert rank0.local is not None and rank1.local is not None
+    assert rank0.local.root != rank1.local.root
+    assert rank0.local.root.parent == rank1.local.root.parent == tmp_path / "shm" / "job-40"
+    found = CheckpointDir(tmp_path / "rank-1", env=env).latest()
+    assert found is not None and (found.path / "w").read_text() == "rank 1"
 
 
 def test_the_library_registers_its_job_directory(tmp_path: Path) -> None:
@@ -74,7 +94,7 @@ def test_a_job_ended_for_good_loses_its_local_copies(tmp_path: Path, state: str 
 def test_a_requeued_or_live_job_keeps_them(tmp_path: Path, state: str) -> None:
     root = job_dir(tmp_path, "43")
     done = sweep(tmp_path, slurm(j43=state), "43")
-    assert done.removed == [] and (root / "step-000000001").is_dir()
+    assert done.removed == [] and list(root.glob("d-*/step-000000001"))
     assert local_tier.has_registration(progress(tmp_path), "43", NODE)
 
 
@@ -123,7 +143,8 @@ def victim(tmp_path: Path) -> Path:
 def test_a_symlink_inside_the_job_directory_is_unlinked_not_followed(tmp_path: Path) -> None:
     root = job_dir(tmp_path, "50")
     (root / "escape").symlink_to(victim(tmp_path))
-    (root / "step-000000001" / "escape").symlink_to(victim(tmp_path))
+    [step] = root.glob("d-*/step-000000001")
+    (step / "escape").symlink_to(victim(tmp_path))
     done = sweep(tmp_path, slurm(j50="COMPLETED"))
     assert done.removed == [root] and (victim(tmp_path) / "precious").exists()
 
