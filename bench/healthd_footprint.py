@@ -13,7 +13,14 @@ the measured run; threads are named by `py-spy dump` when py-spy is on PATH (`pi
 py-spy`; not a dependency of Medic: Python does not give its threads' names to the kernel),
 else by thread id. Workers of one kind (check lanes, NVML sweeps) are summed under one name.
 
-Prints one JSON object. Run: .venv/bin/python -m bench.healthd_footprint --seconds 300
+Memory: RSS is sampled every --sample-every seconds; reported are the first, last, median and
+largest samples and the least-squares slope (MiB per hour) of the samples after --warmup.
+A slope above --max-slope (0.1 MiB/hour) fails the bench: run it for 30 minutes or more, as
+a short run's slope is mostly noise. --store-url runs the daemon on another store (e.g.
+PostgreSQL) instead of the lab's SQLite file.
+
+Prints one JSON object. Run: .venv/bin/python -m bench.healthd_footprint --seconds 1800
+--launches-per-second 1
 """
 
 from __future__ import annotations
@@ -24,12 +31,14 @@ import os
 import re
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
+from bench.stats import slope_per_hour
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import LabSpec, with_check_options
 from healthd.checks import registry
@@ -38,7 +47,12 @@ from medic_core.api import ask
 
 
 def footprint(
-    seconds: float, interval: float, sample_every: float, launches_per_second: float = 0.0
+    seconds: float,
+    interval: float,
+    sample_every: float,
+    launches_per_second: float = 0.0,
+    warmup: float = 120.0,
+    store_url: str | None = None,
 ) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="medic-bench-") as tmp:
         lab = Lab(Path(tmp))
@@ -46,13 +60,16 @@ def footprint(
         try:
             config = Path(tmp) / "footprint.toml"
             options = {s.name: f"interval = {interval}" for s in registry()}
-            config.write_text(with_check_options(lab.layout.medic_conf.read_text(), options))
+            text = with_check_options(lab.layout.medic_conf.read_text(), options)
+            if store_url is not None:  # e.g. a PostgreSQL store instead of the lab's SQLite
+                text = re.sub(r'(?m)^url = ".*"$', f'url = "{store_url}"', text, count=1)
+            config.write_text(text)
             pid = lab.start_healthd("n1", config=config)
             process = psutil.Process(pid)
             time.sleep(interval)  # let start-up finish before measuring steady state
             startup_cpu = sum(process.cpu_times()[:2])
             tasks_before = _tasks(pid)
-            rss: list[float] = []
+            rss: list[tuple[float, float]] = []  # (seconds into the run, MiB)
             begin_cpu, begin = startup_cpu, time.monotonic()
             next_sample, launches, job = begin + sample_every, 0, 0
             gap = 1.0 / launches_per_second if launches_per_second else sample_every
@@ -65,7 +82,8 @@ def footprint(
                     launches += 1
                 if time.monotonic() >= next_sample:
                     next_sample += sample_every
-                    rss.append(process.memory_info().rss / 2**20)
+                    at = time.monotonic() - begin
+                    rss.append((at, process.memory_info().rss / 2**20))
             cpu = sum(process.cpu_times()[:2]) - begin_cpu
             wall = time.monotonic() - begin
             threads = _per_thread(pid, tasks_before, _tasks(pid), wall, cpu)
@@ -80,9 +98,15 @@ def footprint(
         "measured_seconds": round(wall, 1),
         "cpu_percent_of_one_core": round(100 * cpu / wall, 3),
         "startup_cpu_seconds": round(startup_cpu, 2),
-        "rss_mb_median": round(statistics.median(rss), 1),
-        "rss_mb_max": round(max(rss), 1),
-        "rss_mb_last": round(rss[-1], 1),
+        "store": "sqlite (the lab's)" if store_url is None else store_url.split(":", 1)[0],
+        "rss_mb_first": round(rss[0][1], 2),
+        "rss_mb_last": round(rss[-1][1], 2),
+        "rss_mb_median": round(statistics.median(v for _, v in rss), 2),
+        "rss_mb_max": round(max(v for _, v in rss), 2),
+        "rss_warmup_seconds": warmup,
+        # Least squares over the samples after the warm-up: what a week of uptime costs.
+        "rss_slope_mib_per_hour": round(slope_per_hour([x for x in rss if x[0] >= warmup]), 3),
+        "rss_samples": len(rss),
         "check_runs_per_minute": round(runs / (wall / 60), 1) if runs else None,
         "launch_requests": launches,
         "load_average_1m_at_end": round(psutil.getloadavg()[0], 2),
@@ -169,9 +193,32 @@ def main() -> None:
         default=0.0,
         help="the prolog's real request (as medic-hook sends it) at this rate, e.g. 1",
     )
+    parser.add_argument("--warmup", type=float, default=120, help="seconds left out of the slope")
+    parser.add_argument("--store-url", help="the daemon's store (default: the lab's SQLite)")
+    parser.add_argument(
+        "--max-slope",
+        type=float,
+        default=0.1,
+        help="MiB per hour of RSS after the warm-up above which the bench fails (exit 1)",
+    )
     args = parser.parse_args()
-    figures = footprint(args.seconds, args.interval, args.sample_every, args.launches_per_second)
+    figures = footprint(
+        args.seconds,
+        args.interval,
+        args.sample_every,
+        args.launches_per_second,
+        args.warmup,
+        args.store_url,
+    )
     print(json.dumps(figures))
+    slope = figures["rss_slope_mib_per_hour"]
+    if isinstance(slope, float) and slope > args.max_slope:
+        print(
+            f"healthd_footprint: RSS grows {slope} MiB/hour after the warm-up"
+            f" (over --max-slope {args.max_slope})",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -9,16 +9,18 @@ meets the same machine:
 * bare: `{"op": "launch"}`, a verdict without a job (an operator's question; the form the
   earlier version of this bench timed).
 
+The order of the forms is drawn anew every round, and of medic-hook and /bin/true every pair.
 Each job id is new, so each hook and prolog call is a gate decision the daemon records.
 Reported per form: p50, p90 and (with >= 1,000 calls) p99 with 95 % bootstrap intervals, the
 reply's size, and the daemon's CPU per call (its own accounting, over the whole interleaved
-run divided by the calls: all forms together). Also the machine's load average, and whether
-every gate decision reached the store. Then `medic-hook` (the compiled Prolog front, as slurmd
-starts it) is timed as a whole process in turn with `/bin/true` (--hook-runs): what it adds,
-pair by pair. --pace spaces the calls (a node starts jobs one after
-another, and the daemon writes each gate decision after its reply: back to back, that write
-competes with the next call). The stale case (`launch_max_age = 0`: every request
-runs the whole launch tier) is timed with the prolog's form.
+run divided by the calls: all forms together), also less what the idle daemon spends in the
+same time (its background checks; measured over 20 s just before). Also the machine's load
+average, and whether every gate decision reached the store. Then `medic-hook` (the compiled
+Prolog front, as slurmd starts it) is timed as a whole process in turn with `/bin/true`
+(--hook-runs): what it adds, pair by pair. --pace spaces the calls (a node starts jobs one
+after another, and the daemon writes each gate decision after its reply: back to back, that
+write competes with the next call). The stale case (`launch_max_age = 0`: every request runs
+the whole launch tier) is timed with the prolog's form.
 
 Prints one JSON object. Run: .venv/bin/python -m bench.launch_latency --calls 3000
 """
@@ -37,7 +39,7 @@ from typing import Any
 
 import psutil
 
-from bench.stats import interval, quantile
+from bench.stats import interval, pair_order, quantile
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import LabSpec
 from medic_core import proc
@@ -76,10 +78,13 @@ def measure(
     times: dict[str, list[float]] = {f: [] for f in forms}
     sizes: dict[str, list[int]] = {f: [] for f in forms}
     job_id = 10**6
+    order_rng = random.Random(seed)
+    idle_cpu_per_s = idle_cpu_rate(daemon)
     cpu_before = daemon.cpu_times()
     load_before = os.getloadavg()
+    began = time.monotonic()
     for _ in range(calls):
-        for form in forms:
+        for form in pair_order(forms, order_rng):  # a new order each round
             job_id += 1
             line = json.dumps(request(form, job_id))
             started = time.perf_counter()
@@ -91,15 +96,29 @@ def measure(
             if pace:  # job starts one after another, not back to back
                 time.sleep(pace)
     cpu_after = daemon.cpu_times()
+    wall = time.monotonic() - began
     cpu = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
     rng = random.Random(seed)
     out: dict[str, Any] = {f: summary(times[f], sizes[f], rng) for f in forms}
     out["daemon_cpu_ms_per_call"] = round(cpu * 1000 / (calls * len(forms)), 3)
+    # What the calls cost beyond what the daemon spends anyway (its background checks):
+    # its idle CPU rate, measured just before, times the run's wall time, taken off.
+    beyond_idle = max(cpu - idle_cpu_per_s * wall, 0.0)
+    out["daemon_cpu_ms_per_call_beyond_idle"] = round(beyond_idle * 1000 / (calls * len(forms)), 3)
+    out["daemon_idle_cpu_percent"] = round(100 * idle_cpu_per_s, 3)
     out["pace_s"] = pace
     out["load_avg_1m"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     recording = [f for f in forms if f != "bare"]
     out["gate_decisions_sent"] = calls * len(recording)
     return out
+
+
+def idle_cpu_rate(daemon: psutil.Process, seconds: float = 20.0) -> float:
+    """The daemon's CPU seconds per second while nobody asks it anything."""
+    before = daemon.cpu_times()
+    time.sleep(seconds)  # the measurement window itself, not a wait for something
+    after = daemon.cpu_times()
+    return ((after.user + after.system) - (before.user + before.system)) / seconds
 
 
 def hook_process(lab: Lab, runs: int, seed: int) -> dict[str, Any]:
@@ -114,8 +133,11 @@ def hook_process(lab: Lab, runs: int, seed: int) -> dict[str, Any]:
         "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
     }
     walls: dict[str, list[float]] = {"hook": [], "true": []}
+    argvs = {"hook": [str(hook)], "true": ["/bin/true"]}
+    order_rng = random.Random(seed + 1)
     for n in range(runs + 3):  # the first three warm the page cache
-        for name, argv in (("hook", [str(hook)]), ("true", ["/bin/true"])):
+        for name in pair_order(list(argvs), order_rng):  # who goes first: drawn per pair
+            argv = argvs[name]
             env["SLURM_JOB_ID"] = str(2 * 10**6 + n)
             started = time.perf_counter()
             done = proc.run(argv, timeout=30, env=env)

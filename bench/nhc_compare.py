@@ -8,8 +8,8 @@ On a one-node lab with medic-healthd running, it starts, in turn, `medic-hook` a
 starts the Prolog (it asks the daemon, which answers from its fresh launch-tier results) and
 `nhc` with a configuration of nine host checks of the same kinds as Medic's launch tier
 (file systems mounted read-write, free space and inodes, CPUs, memory and free memory, load,
-a file), each as a whole process: the wall time of each, and NHC's time over Medic's pair
-by pair, with 95 % bootstrap intervals.
+a file), each as a whole process, in an order drawn anew for each pair: the wall time of
+each, and NHC's time over Medic's pair by pair, with 95 % bootstrap intervals.
 
 Prints one JSON object. Run: .venv/bin/python -m bench.nhc_compare --runs 400
 """
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.stats import described, interval
+from bench.stats import described, interval, pair_order
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import LabSpec
 from medic_core import proc
@@ -96,7 +96,8 @@ def compare(nhc: Path, confdir: Path | None, runs: int, seed: int) -> dict[str, 
                 "nhc": nhc_argv(nhc, conf, confdir, result),
             }
             for n in range(runs + 3):  # the first three warm the page cache
-                for name, argv in commands.items():
+                for name in pair_order(list(commands), rng):  # who goes first: drawn per pair
+                    argv = commands[name]
                     env["SLURM_JOB_ID"] = str(3 * 10**6 + n)
                     started = time.perf_counter()
                     done = proc.run(argv, timeout=60, env=env, cwd=Path(tmp))
