@@ -457,17 +457,21 @@ def check_config(config: MedicConfig) -> list[str]:
     """Validate every table the way the daemon does at start and on a reload; returns what
     was checked. Raises ConfigError (one line per problem: file, key, problem, fix)."""
     from healthd.config_check import validate_config  # the daemon's own, start and reload
-    from medic_core.settings import WebhookSettings
+    from medic_core.settings import RemediationSettings, WebhookSettings
     from medic_core.store_reader import checked_store_url
 
     checks = validate_config(config)
     webhook = WebhookSettings.from_config(config)
     shown = checked_store_url(config)
     enabled = sum(1 for c in checks.values() if c.enabled)
+    off = sorted(name for name, c in checks.items() if not c.enabled)
+    observed = RemediationSettings.from_config(config).observe_only
     return [
-        f"{enabled} of {len(checks)} checks enabled",
+        f"{enabled} of {len(checks)} checks enabled"
+        + (f" (disabled: {', '.join(off)})" if off else ""),
         f"store {shown}",
         "webhook " + ("on" if webhook else "off"),
+        *(["observe only: Medic changes nothing in Slurm"] if observed else []),
     ]
 
 

@@ -193,7 +193,7 @@ def plan(runner: Runner, tiers: Sequence[Tier], wanted: Sequence[str]) -> Plan:
                 skipped.append((name, f"not in the {'/'.join(tiers)} tier ({tier_words})"))
             continue
         if not runner.configs[name].enabled:
-            skipped.append((name, f"disabled in [checks.{name}]"))
+            skipped.append((name, "disabled in medic.toml ([checks] disabled, or enabled = false)"))
             continue
         why = runner.not_here(name)
         if why:

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from healthd.checks import load_check_configs, registry, specs_for
+from healthd.checks import disabled_by, load_check_configs, registry, specs_for
 from healthd.checks.base import CheckConfig
 from healthd.checks.reference import DOC_PATH, ordered_tiers, render_reference, write_reference
 from medic_core.config import ConfigError, load_config
@@ -19,13 +19,17 @@ def checks() -> None:
     """The health checks: what runs, when, and what each can report."""
 
 
-def _configs(path: Path | None) -> dict[str, CheckConfig]:
+def _configs(path: Path | None) -> tuple[dict[str, CheckConfig], dict[str, str]]:
+    """Each check's config, and the switch that turned each disabled one off."""
     if path is None:
-        return {spec.name: spec.default_config() for spec in registry()}
+        return {spec.name: spec.default_config() for spec in registry()}, {}
     try:
-        return load_check_configs(load_config(path))
+        config = load_config(path)
+        configs = load_check_configs(config)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    off = {name: disabled_by(config, name) for name, cfg in configs.items() if not cfg.enabled}
+    return configs, off
 
 
 @checks.command("list")
@@ -39,7 +43,7 @@ def _configs(path: Path | None) -> dict[str, CheckConfig]:
 def list_checks(config_path: Path | None, as_json: bool) -> None:
     """Every registered check (and, with --config, its site command checks): tiers,
     interval, timeout, needs, enabled."""
-    configs = _configs(config_path)
+    configs, off = _configs(config_path)
     rows: list[dict[str, Any]] = []
     for spec in specs_for(configs):
         cfg = configs[spec.name]
@@ -51,6 +55,7 @@ def list_checks(config_path: Path | None, as_json: bool) -> None:
                 "timeout": spec.timeout_for(cfg),
                 "needs": list(spec.needs),
                 "enabled": cfg.enabled,
+                "disabled_by": off.get(spec.name, ""),
                 "description": spec.description,
                 "faults": sorted(spec.faults),
             }
@@ -66,7 +71,7 @@ def list_checks(config_path: Path | None, as_json: bool) -> None:
             f"{r['interval']:g}s",
             f"{r['timeout']:g}s",
             ",".join(r["needs"]),
-            "yes" if r["enabled"] else "no",
+            "yes" if r["enabled"] else f"no: {r['disabled_by']}" if r["disabled_by"] else "no",
         )
         for r in rows
     ]

@@ -28,6 +28,7 @@ from healthd.hang_watch import Hang, HangWatch, Straggler, WatchSettings
 from healthd.jobs import SpoolJobState
 from healthd.ladder_host import DaemonLadderHost
 from healthd.ladder_host import HealthDaemon as HostDaemon
+from healthd.observing import automatic_slurm, observe_only
 from healthd.results import finding_of
 from healthd.slurm_seen import SlurmSeen
 from medic_core.config import MedicConfig
@@ -183,14 +184,14 @@ class LadderThread:
         self.wake.set()
 
     def _respond(self, faults: list[Result], again: bool) -> bool:
-        from remediation.actions import carry_out, job_facts, slurm_client, start_releaser
+        from remediation.actions import carry_out, job_facts, start_releaser
 
         daemon = self.daemon
         # medic report: when Medic knew (a retry's is later) and when it happened (fault_at).
         known = {} if again else {"known_at": dt.datetime.now(dt.UTC).isoformat()}
         settings = HookSettings.from_config(daemon.config)
         findings = [finding_of(r) for r in faults]
-        client = self.seen.wrap(slurm_client(daemon.config, settings))
+        client = self.seen.wrap(automatic_slurm(daemon, settings, "daemon"))
         jobs_read = True
         with self.lock:
             try:
@@ -303,8 +304,9 @@ class LadderThread:
             return
         self._fill_at = time.monotonic() + FILL_SECONDS
         node = self.daemon.node
-        if node not in SpareSettings.from_config(self.daemon.config).nodes:
-            return  # (the pool itself is not even made)
+        listed = node in SpareSettings.from_config(self.daemon.config).nodes
+        if not listed or observe_only(self.daemon):  # observe only: a reservation changes Slurm
+            return  # (not listed: the pool itself is not even made)
         pool = self.spares()
         if self.episodes.open_for(node) is not None:
             return
@@ -336,7 +338,7 @@ class LadderThread:
         with this one job as the facts: requeued if resilient, within its budget, charged
         once per run in its ledger; the releaser makes it eligible at once. The hang and
         each action are events. False when Slurm could not complete the answer."""
-        from remediation.actions import carry_out, job_fact, slurm_client, start_releaser
+        from remediation.actions import carry_out, job_fact, start_releaser
 
         daemon = self.daemon
         verdict = hang.verdict
@@ -346,7 +348,7 @@ class LadderThread:
             "fault_at": (seen - dt.timedelta(seconds=verdict.stalled)).isoformat(),
         }
         settings = HookSettings.from_config(daemon.config)
-        client = self.seen.wrap(slurm_client(daemon.config, settings))
+        client = self.seen.wrap(automatic_slurm(daemon, settings, "daemon"))
         try:
             info = next(
                 (j for j in client.jobs_on(daemon.node) if j.job_id == verdict.job_id), None
@@ -585,8 +587,6 @@ def keep_in_journal(config: MedicConfig, at: dt.datetime, event: dict[str, Any],
 
 def attach_ladder(daemon: LadderDaemon) -> LadderThread:
     """The ladder for this node, with the daemon as its host and Slurm as the hooks see it."""
-    from remediation.actions import slurm_client
-
     settings = RemediationSettings.from_config(daemon.config)
     webhook = WebhookSettings.from_config(daemon.config)
     hooks = HookSettings.from_config(daemon.config)
@@ -595,14 +595,14 @@ def attach_ladder(daemon: LadderDaemon) -> LadderThread:
     ladder = Ladder(
         daemon.node,
         episodes,
-        seen.wrap(slurm_client(daemon.config, hooks)),
+        seen.wrap(automatic_slurm(daemon, hooks, "ladder")),
         DaemonLadderHost(daemon, episodes),
         settings,
     )
     from medic_core.drain_book import DrainBook
 
     # Medic's drain records, read by the give-back, the isolator and Slurm view
-    ladder.book = DrainBook.of(daemon.store, daemon.config.paths)
+    ladder.book = DrainBook.of(daemon.store, daemon.config.paths, lambda: observe_only(daemon))
     seen.owns = lambda info: ladder.book.ownership(daemon.node, info).recorded
     thread = LadderThread(daemon, ladder, episodes, webhook, seen=seen)
     attach_spares(daemon, ladder, thread)

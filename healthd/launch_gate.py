@@ -19,7 +19,7 @@ from healthd.gate_recorder import EventRecorder
 from healthd.results import result_json
 from healthd.runner import Runner, RunnerBusy, RunReport
 from medic_core.config import MedicConfig
-from medic_core.settings import DaemonSettings, HookSettings
+from medic_core.settings import DaemonSettings, HookSettings, RemediationSettings
 from medic_core.store import Severity, Store
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ log = logging.getLogger("medic.healthd")
 
 # What the epilog's job_end runs: the GPUs still there and clean after the job.
 POST_JOB_CHECKS = ("gpu_count", "gpu_xid", "gpu_ecc", "gpu_retired_pages", "gpu_remapped_rows")
-HOOK_EVENT_KINDS = ("gate", "job_summary", "job_action")
+HOOK_EVENT_KINDS = ("gate", "job_summary", "job_action", "observed")
 GATE_FLUSH = 1.0  # seconds job_summary waits for queued gate decisions to reach the store
 # The gate's rails (open RMA tickets, the drain cap's hold, the GPUs isolation took out) for a
 # verdict that is not CRITICAL come from memory when read within RAILS_MAX_AGE seconds (by the
@@ -109,7 +109,13 @@ class LaunchGate:
         return HookSettings.from_config(self.host.config).launch_budget
 
     def launch(
-        self, budget: float, *, fresh_only: bool = False, job_id: str | None = None
+        self,
+        budget: float,
+        *,
+        fresh_only: bool = False,
+        job_id: str | None = None,
+        partition: str = "",
+        account: str = "",
     ) -> dict[str, Any]:
         """The launch verdict, every result in it; with `job_id` (the hook's request), the
         gate decision instead: the verdict's status, allow, why, and with a refusal what
@@ -127,6 +133,12 @@ class LaunchGate:
                 found = [refusal.as_json()]
                 return {**reply, **self.gate(job_id, {**reply, "results": found}),
                         "results": found}  # fmt: skip
+        hooks = HookSettings.from_config(self.host.config)
+        skip = hooks.skips_launch_checks(partition, account) if job_id is not None else ""
+        if job_id is not None and skip:  # no check runs; an RMA ticket still refuses
+            reply = {"node": self.host.node, "tier": Tier.LAUNCH.value,
+                     "status": Status.OK.value, "ran": [], "seconds": 0.0}  # fmt: skip
+            return {**reply, **self.gate(job_id, {**reply, "results": []}, skipped=skip)}
         verdict = self._verdict(budget, fresh_only=fresh_only)
         if "status" not in verdict:  # "stale: ask again"
             return verdict
@@ -226,11 +238,13 @@ class LaunchGate:
         )
         return {"node": self.host.node, "event_id": event.id}
 
-    def gate(self, job_id: str, verdict: Mapping[str, Any]) -> dict[str, Any]:
+    def gate(self, job_id: str, verdict: Mapping[str, Any], skipped: str = "") -> dict[str, Any]:
         """The prolog's decision on a launch verdict, with the `[hooks]` policy, recorded
-        for the job (an event of kind "gate", queued: written after the reply)."""
+        for the job (an event of kind "gate", queued: written after the reply). `skipped`:
+        why no launch check ran ([hooks] skip_launch_*)."""
         from medic_core.vocabulary import Finding, Verdict
         from remediation.decide import decide_launch as decide
+        from remediation.observe import observed_gate, would_refuse
 
         found = verdict.get("results", [])
         seen = Verdict(
@@ -250,6 +264,8 @@ class LaunchGate:
             cap_held=cap_held,
             isolated_gpus=isolated,
         )
+        observe = RemediationSettings.from_config(self.host.config).observe_only
+        decision = observed_gate(decision, observe)  # observe only: allowed, recorded
         first = decision.first
         self.recorder.record(
             {
@@ -258,6 +274,8 @@ class LaunchGate:
                 "source": "prolog",
                 "message": (
                     f"job {job_id} allowed ({seen.status.value})"
+                    + (f": {decision.why}" if would_refuse(decision) else "")
+                    + (f": launch checks skipped: {skipped}" if skipped else "")
                     if decision.allow
                     else f"job {job_id} refused: {first.message if first else decision.why}"
                 ),
@@ -268,6 +286,8 @@ class LaunchGate:
                     "allow": decision.allow,
                     "status": seen.status.value,
                     "verdict_source": "healthd",
+                    "would_refuse": would_refuse(decision),
+                    "skipped": skipped,
                     "ran": list(verdict.get("ran", [])),
                     "seconds": verdict.get("seconds"),
                 },

@@ -81,6 +81,12 @@ class _Recording:
     def __init__(self, client: SlurmClient, seen: SlurmSeen) -> None:
         self.client = client
         self.seen = seen
+        # Observe-only mode (remediation.observe): a change recorded, not made, is not seen.
+        self.observer = getattr(client, "observer", None)
+
+    @property
+    def observing(self) -> bool:
+        return bool(getattr(self.client, "observing", False))
 
     def nodes(self) -> list[NodeInfo]:
         found = self.client.nodes()
@@ -103,17 +109,17 @@ class _Recording:
 
     def drain(self, node: str, reason: str) -> None:
         self.client.drain(node, reason)
-        if node == self.seen.node:
+        if node == self.seen.node and not self.observing:
             self.seen.changed("drain", reason)
 
     def resume(self, node: str) -> None:
         self.client.resume(node)
-        if node == self.seen.node:
+        if node == self.seen.node and not self.observing:
             self.seen.changed("resume")
 
     def reboot(self, node: str, reason: str, nextstate: str = "RESUME") -> None:
         self.client.reboot(node, reason, nextstate)
-        if node == self.seen.node:
+        if node == self.seen.node and not self.observing:
             self.seen.changed("reboot", reason)
 
     def requeue(self, job_id: str) -> None:

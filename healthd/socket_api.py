@@ -211,6 +211,8 @@ class SocketApi:
                 max(0.0, budget),
                 fresh_only=bool(request.get("fresh_only")),
                 job_id=None if job_id is None else str(job_id),
+                partition=str(request.get("partition", "")),
+                account=str(request.get("account", "")),
             )
         if op == "job_end":  # the epilog: answered at once, judged in the background
             job_id = request["job_id"]

@@ -211,7 +211,18 @@ MATRIX: dict[str, OpEntry] = {
                             'a Slurm job id (digits), or "": then no gate record',
                             _job_id_or_none,
                         ),
+                        Arg(
+                            "partition",
+                            "the job's partition (slurmd's), at most 64 characters",
+                            _text(64),
+                        ),
+                        Arg(
+                            "account",
+                            "the job's account (slurmd's), at most 64 characters",
+                            _text(64),
+                        ),
                     ),
+                    rule="a partition or account in [hooks] skip_launch_* runs no launch check",
                 ),
             ),
         ),

@@ -163,14 +163,27 @@ class DrainBook:
     """Where this process records and reads Medic's drains: `store` (opened per use; a
     long-lived Store goes in through `DrainBook.of`) and, on a node, its journal."""
 
-    def __init__(self, store: StoreOpener | None, paths: NodePaths | None = None) -> None:
+    def __init__(
+        self,
+        store: StoreOpener | None,
+        paths: NodePaths | None = None,
+        observing: Callable[[], bool] | None = None,
+    ) -> None:
         self._store = store
         self._paths = paths
+        # Observe-only mode (remediation.observe), read at every write: no drain is made, so
+        # none is recorded (a record would make Medic own a drain it never made).
+        self._observing = observing
 
     @classmethod
-    def of(cls, store: Store | None, paths: NodePaths | None = None) -> DrainBook:
+    def of(
+        cls,
+        store: Store | None,
+        paths: NodePaths | None = None,
+        observing: Callable[[], bool] | None = None,
+    ) -> DrainBook:
         """A book over an open store (the daemon's; never closed here)."""
-        return cls((lambda: nullcontext(store)) if store is not None else None, paths)
+        return cls((lambda: nullcontext(store)) if store is not None else None, paths, observing)
 
     # -- reading ------------------------------------------------------------------------
 
@@ -242,6 +255,8 @@ class DrainBook:
     ) -> str:
         from medic_core.store.store import drain_event
 
+        if self._observing is not None and self._observing():
+            return ""  # observe only: nothing is drained or resumed, so nothing recorded
         at = dt.datetime.now(dt.UTC)
         event = drain_event(kind, reason, at, actor, episode_id, note)
         entry = None
@@ -280,4 +295,9 @@ def node_book(config: MedicConfig) -> DrainBook:
 
         return open_configured_store(config)
 
-    return DrainBook(opener, config.paths)
+    def observing() -> bool:
+        from medic_core.settings import RemediationSettings
+
+        return RemediationSettings.from_config(config).observe_only
+
+    return DrainBook(opener, config.paths, observing)

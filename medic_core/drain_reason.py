@@ -162,6 +162,8 @@ class DrainOutcome(StrEnum):
     NOT_DRAINED = "not drained"
     NOT_OURS = "not medic's drain: left alone"
     KEPT = "kept out"  # Medic's drain, but the decision core keeps it (see its why)
+    WOULD_DRAIN = "would drain (observe only)"  # remediation.observe: recorded, not made
+    WOULD_RESUME = "would resume (observe only)"
     UNKNOWN_NODE = "no such node"
 
 
@@ -193,4 +195,10 @@ def drain_if_allowed(
     if book is not None:
         book.record_drain(node, as_slurm_stores(reason), actor=actor, episode_id=episode_id)
     client.drain(node, reason)
-    return DrainOutcome.DRAINED
+    return DrainOutcome.WOULD_DRAIN if observing(client) else DrainOutcome.DRAINED
+
+
+def observing(client: object) -> bool:
+    """The client records changes instead of making them (observe-only mode:
+    remediation.observe.ObservingSlurm)."""
+    return bool(getattr(client, "observing", False))

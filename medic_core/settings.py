@@ -11,13 +11,13 @@ from __future__ import annotations
 import functools
 import logging
 import ssl
-import string
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from medic_core.argv_template import argv_problems
 from medic_core.config import ConfigError, MedicConfig
 from medic_core.typed_config import bounds, parse_table, setting
 
@@ -167,9 +167,27 @@ class HookSettings:
     slurm_timeout: float = setting(
         15.0, minimum=1, maximum=300, doc="seconds one Slurm command may take"
     )
+    skip_launch_partitions: tuple[str, ...] = setting(
+        (),
+        doc="partitions whose jobs start without the launch checks (slurmd's word, not the job's)",
+    )
+    skip_launch_accounts: tuple[str, ...] = setting(
+        (), doc="accounts whose jobs start without the launch checks (slurmd's word, not the job's)"
+    )
 
     def problems(self) -> Iterator[tuple[str, str, str]]:
-        return iter(())
+        for key in ("skip_launch_partitions", "skip_launch_accounts"):
+            if any(not name or name != name.strip() for name in getattr(self, key)):
+                yield key, "holds an empty or padded name", 'e.g. ["debug"]'
+
+    def skips_launch_checks(self, partition: str, account: str) -> str:
+        """Why a job in `partition` under `account` (as slurmd gives the prolog: the job
+        cannot choose its own) starts without the launch checks, or "" when it does not."""
+        if partition and partition in self.skip_launch_partitions:
+            return f"partition {partition} is in [hooks] skip_launch_partitions"
+        if account and account in self.skip_launch_accounts:
+            return f"account {account} is in [hooks] skip_launch_accounts"
+        return ""
 
     @classmethod
     @per_config
@@ -205,42 +223,15 @@ def deprecations(config: MedicConfig) -> list[str]:
 RUNG_NAMES = ("gpu_reset", "driver_reload", "reboot", "rma")
 
 
-def argv_problems(
-    key: str, argv: tuple[str, ...], placeholders: tuple[str, ...]
-) -> Iterator[tuple[str, str, str]]:
-    """A repair command's argv, as the ladder will run it (`str.format` with `placeholders`
-    only): not empty, a program first, and every `{...}` exactly one of `placeholders`: no
-    attribute, index, conversion or format spec (`{gpu:>999999999}` would be a 1 GB argument);
-    `{{` and `}}` are literal braces."""
-    known = ", ".join("{" + p + "}" for p in placeholders)
-    if not argv or not argv[0].strip():
-        problem = "is empty" if not argv else "starts with an empty program name"
-        yield key, problem, f"give the command as a list, program first (placeholders: {known})"
-        return
-    for arg in argv:
-        try:
-            fields = [
-                (name, conversion, spec)
-                for _, name, spec, conversion in string.Formatter().parse(arg)
-                if name is not None
-            ]
-        except ValueError as exc:
-            yield key, f"{arg!r} is not a valid template ({exc})", f"use {known}; write {{{{ for {{"
-            return
-        for name, conversion, spec in fields:
-            if name not in placeholders or conversion or spec:
-                shown = "{" + name + (f"!{conversion}" if conversion else "")
-                shown += (f":{spec}" if spec else "") + "}"
-                problem = f"{arg!r}: {shown} is not a placeholder Medic fills in"
-                fix = f"use only {known} as they are; write a literal brace as {{{{ or }}}}"
-                yield key, problem, fix
-                return
-
-
 @dataclass(frozen=True, kw_only=True)
 class RemediationSettings:
     enabled: bool = setting(True, doc="run the ladder at all (false: drain and report only)")
-    dry_run: bool = setting(False, doc="log and record what would be done, do nothing")
+    dry_run: bool = setting(False, doc="the ladder records the rung it would start; a human's")
+    observe_only: bool = setting(
+        False,
+        doc="fleet-wide dry run: every drain, requeue, resume, reboot, repair, RMA ticket and"
+        " launch refusal is recorded as what Medic would have done; nothing changes in Slurm",
+    )
     max_drained_share: float = setting(
         0.10, minimum=0, maximum=1, doc="most of a partition Medic keeps drained at once"
     )

@@ -33,6 +33,7 @@ from remediation.decide import (
     cap_reason,
     decide_fault,
 )
+from remediation.observe import EventSink, Observer, ObservingSlurm, observer_of, would_refuse
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -52,8 +53,31 @@ def slurm_env(config: MedicConfig) -> dict[str, str]:
     return env
 
 
-def slurm_client(config: MedicConfig, settings: HookSettings) -> SlurmClient:
-    return CliSlurm(env=slurm_env(config), timeout=settings.slurm_timeout)
+def slurm_client(
+    config: MedicConfig,
+    settings: HookSettings,
+    *,
+    actor: str = "hook",
+    record: EventSink | None = None,
+    observing: Callable[[], bool] | None = None,
+) -> SlurmClient:
+    """The Slurm client of every automatic action, and the one place observe-only mode is
+    decided (remediation.observe): with `[remediation] observe_only` on, changes are
+    recorded as what `actor` would have done (through `record`, else `record_event`) and not
+    made. `observing`: read at every change (the daemon's, which reloads); without it, the
+    configuration's setting now."""
+    client = CliSlurm(env=slurm_env(config), timeout=settings.slurm_timeout)
+    if observing is None:
+        if not RemediationSettings.from_config(config).observe_only:
+            return client
+        observing = lambda: True  # noqa: E731 (a hook's configuration does not change)
+    sink = record if record is not None else (lambda event: record_event(config, event))
+    return ObservingSlurm(client, Observer(actor, sink, observing))
+
+
+def observe_only(config: MedicConfig) -> bool:
+    """`[remediation] observe_only`, for the books and gates that read it."""
+    return RemediationSettings.from_config(config).observe_only
 
 
 def drain_reason_for(finding: Finding) -> str:
@@ -147,6 +171,8 @@ def record_gate(config: MedicConfig, job_id: str, verdict: Verdict, decision: Ga
             "fault_class": first.fault_class if first else "",
             "message": (
                 f"job {job_id} allowed ({verdict.status.value})"
+                + (f": {decision.why}" if would_refuse(decision) else "")
+                + (f": {verdict.note}" if verdict.source == "skipped" else "")
                 if decision.allow
                 else f"job {job_id} refused: {first.message if first else decision.why}"
             ),
@@ -155,6 +181,7 @@ def record_gate(config: MedicConfig, job_id: str, verdict: Verdict, decision: Ga
                 "allow": decision.allow,
                 "status": verdict.status.value,
                 "verdict_source": verdict.source,
+                "would_refuse": would_refuse(decision),
                 "seconds": round(verdict.seconds, 4),
                 "note": verdict.note,
                 "blocking": [f.__dict__ | {"status": f.status.value} for f in decision.blocking],
@@ -208,7 +235,7 @@ def refuse_launch(
     """Drain this node through the decision core and start the releaser; one line."""
     first = decision.first
     assert first is not None
-    client = slurm_client(config, settings)
+    client = slurm_client(config, settings, actor="prolog")
     outcome = ""
     try:
         fault, drained = drain_through_core(client, config, decision.blocking)
@@ -287,6 +314,7 @@ def carry_out(
         else None
     )
     actions: list[JobAction] = []
+    observed = observer_of(client) is not None  # observe only: the requeues are recorded
     for job in decision.jobs:
         if job.action != "requeue":
             _comment(client, job.job_id, job.note)
@@ -299,6 +327,9 @@ def carry_out(
             client.requeue(job.job_id)
         except SlurmError as exc:
             actions.append(JobAction(job.job_id, "requeue_failed", str(exc)))
+            continue
+        if observed:  # never requeued: nothing to make eligible, no spare to hand
+            actions.append(JobAction(job.job_id, "would_requeue", job.note.removeprefix("medic: ")))
             continue
         if after_requeue is not None:
             after_requeue(job.job_id, job.slurm_restarts)

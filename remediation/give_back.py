@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from medic_core.drain_book import DrainBook, Ownership
-from medic_core.drain_reason import DrainOutcome
+from medic_core.drain_reason import DrainOutcome, observing
 from medic_core.slurm import NodeInfo, SlurmClient, SlurmError
 from medic_core.vocabulary import Finding
 from remediation.decide import NodeFacts, Refusal, ResumeDecision, decide_resume
@@ -122,5 +122,7 @@ def give_back(
                 node, reason, actor=actor, episode_id=episode, note="the resume failed"
             )
         raise
+    if observing(client):
+        return GiveBack(DrainOutcome.WOULD_RESUME, decision, own, where)
     log.warning("%s: resumed by %s (%s)", node, actor, why)
     return GiveBack(DrainOutcome.RESUMED, decision, own, where)

@@ -56,6 +56,7 @@ from remediation.decide import (
 )
 from remediation.isolation import APPLIED, INTENT, RESTORED, RESTORING, gres_count, recorded
 from remediation.isolator import IsolationError, Isolator
+from remediation.observe import observing, would
 from remediation.policy import LemonEpisode, LemonScore, Rung, StrikeScore, fault_family
 from remediation.step import (
     REBOOT_REFUSED_RETRY,
@@ -555,7 +556,8 @@ class Ladder:
             # reset waits only for the GPU itself: _act's gpu_busy); nor, drained, do they
             # hold up a reset beside them (_reset_beside_jobs).
             beside = False
-            if not alone and self.host.jobs_running():
+            watch = not observing(self.settings.observe_only, self.slurm)  # none was made to go
+            if not alone and watch and self.host.jobs_running():
                 if not self._reset_beside_jobs(episode):
                     return self._note_a_long_wait(episode)
                 beside = True
@@ -563,7 +565,8 @@ class Ladder:
             decision = decide_step(episode, self._facts(last_step=last))
             if decision.move is Move.WAIT:  # cooling down after a failed step
                 return episode
-            if record is None and episode.rung == int(Rung.GPU_RESET) and not beside:
+            reset = decision.move is Move.ACT and episode.rung == int(Rung.GPU_RESET)
+            if reset and record is None and not beside:
                 isolated = self._isolate(episode)
                 if isolated is not None:
                     return isolated  # the reset on the next tick, the node back in service
@@ -689,7 +692,8 @@ class Ladder:
         """What remediation.step.decide_step reads: the time, [remediation]'s rules and the
         facts the caller gathered."""
         s = self.settings
-        rules = StepRules(s.attempts, s.cooldown, s.recheck_window, s.reboot_timeout, s.dry_run)
+        trial = (s.dry_run, observing(s.observe_only, self.slurm))
+        rules = StepRules(s.attempts, s.cooldown, s.recheck_window, s.reboot_timeout, *trial)
         return StepFacts(
             self.store.now(), rules, last_step, cap, cap_drain, reboot_waited, findings
         )
@@ -717,7 +721,8 @@ class Ladder:
         if decision.resolve:
             return self._resolve(episode)
         if decision.move is Move.NEEDS_HUMAN:
-            if decision.event:
+            observed = would(self.slurm, decision.observed, self.node, episode)  # observe only
+            if decision.event and not observed:
                 self.host.event(
                     decision.event,
                     severity="INFO",
@@ -736,7 +741,8 @@ class Ladder:
     def _handed_to_human(self, episode: ep.Episode) -> ep.Episode:
         """An episode the decision core gave a human starts its evidence bundle (not in a
         dry run: nvidia-bug-report.sh is no trial's to run)."""
-        wanted = episode.state == ep.NEEDS_HUMAN and not self.settings.dry_run
+        trial = self.settings.dry_run or observing(self.settings.observe_only, self.slurm)
+        wanted = episode.state == ep.NEEDS_HUMAN and not trial
         if self.evidence is not None and wanted:
             self.evidence("needs_human", episode)
         return episode

@@ -8,7 +8,8 @@ What is decided here, by the episode's state:
 * waiting_cap: the drain cap still holds (wait), or it freed (drain), and after the drain
   where the episode goes (on, paused, or to a human when the drain is someone else's);
 * waiting_idle, once no job holds the repair up: the cool-down after a failed step, then the
-  rung (RMA, a dry run's stop, a GPU reset with no single GPU skipped, or act);
+  rung (RMA, a dry run's stop, a GPU reset with no single GPU skipped, or act; in
+  observe-only mode the rung or RMA it would start, recorded, then a human);
 * rebooting: no new boot within reboot_timeout escalates;
 * verifying: the verification's outcome (resolve, stay in a re-check's window, a human after
   it, or escalate: the same rung while it has attempts left, then the next, then RMA).
@@ -54,6 +55,9 @@ class StepRules:
     recheck_window: float = 600.0
     reboot_timeout: float = 1800.0
     dry_run: bool = False
+    # remediation.observe: the rung (or RMA ticket) is recorded as what Medic would have done
+    # and the episode goes to a human, as in a dry run.
+    observe_only: bool = False
 
     def allowed(self, rung: Rung) -> int:
         return self.attempts.get(rung.word, 1)
@@ -110,6 +114,7 @@ class StepDecision:
     event: str = ""  # what the ladder tells the operator ("": nothing)
     failed_requalifications: int = 0  # the episode's count after this step
     blocking: tuple[Finding, ...] = ()  # the verification's findings that keep the node out
+    observed: str = ""  # observe only: what Medic would have done (a rung's word, or "rma")
 
     @property
     def resolve(self) -> bool:
@@ -191,9 +196,11 @@ def _idle(episode: ep.Episode, facts: StepFacts) -> StepDecision:
     if not episode.rung:  # a re-check runs no rung: it verifies
         return _stay(episode, Move.SET_STATE, ep.VERIFYING, "a re-check: no rung to run")
     if episode.rung == Rung.RMA:
+        if facts.rules.observe_only:
+            return _observed(episode, "rma", "open an RMA ticket")
         return _stay(episode, Move.RMA, ep.RMA, "")
     rung = Rung(episode.rung)
-    if facts.rules.dry_run:
+    if facts.rules.dry_run and not facts.rules.observe_only:
         event = f"dry run: would start {rung.word} for {episode.fault_class}"
         return _stay(
             episode, Move.NEEDS_HUMAN, ep.NEEDS_HUMAN, "dry run", message="dry run", event=event
@@ -201,7 +208,21 @@ def _idle(episode: ep.Episode, facts: StepFacts) -> StepDecision:
     if rung is Rung.GPU_RESET and not single_gpu(episode.target):
         # a node-wide fault: a per-GPU reset does not apply
         return escalation(episode, facts.rules, "no single GPU to reset", skip=True)
+    if facts.rules.observe_only:
+        return _observed(episode, rung.word, f"start {rung.word}")
     return _stay(episode, Move.ACT, ep.REBOOTING if rung is Rung.REBOOT else ep.ACTING, rung.word)
+
+
+OBSERVE_ONLY = "observe only"
+
+
+def _observed(episode: ep.Episode, action: str, what: str) -> StepDecision:
+    """Observe-only mode: the move the episode would make now, recorded, and a human's."""
+    would = f"{OBSERVE_ONLY}: would {what} for {episode.fault_class}"
+    decision = _stay(
+        episode, Move.NEEDS_HUMAN, ep.NEEDS_HUMAN, OBSERVE_ONLY, message=would, event=would
+    )
+    return replace(decision, observed=action)
 
 
 def single_gpu(target: str) -> bool:

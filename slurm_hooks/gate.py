@@ -21,13 +21,16 @@ from medic_core.drain_reason import BURN_IN
 from medic_core.settings import BurnInSettings, HookSettings
 from medic_core.status import Status
 from medic_core.vocabulary import Finding, Recommendation, Verdict
-from remediation.actions import record_gate, refuse_launch
+from remediation.actions import observe_only, record_gate, refuse_launch
 from remediation.burn_in_marker import refusal
 from remediation.decide import GateDecision
 from remediation.decide import decide_launch as decide
+from remediation.observe import observed_gate
+from slurm_hooks.prolog import job_place
 
 # remediation.burn_in.CONDITION, spelt out: that module costs the prolog ~7 ms to import.
 BURN_IN_CONDITION = "burn_in"
+SKIPPED = "skipped"  # the verdict's source when [hooks] skip_launch_* ran no launch check
 ACTIONS_GRACE = 0.3  # seconds past the deadline for recording and the refusal's actions
 
 
@@ -82,19 +85,25 @@ def gate_slow_path(
     work: dict[str, Callable[[], None]] = {}
     if reply.get("allow") is None:  # no daemon: judge here, and record it ourselves
         unburnt = burn_in_refusal(config)
+        skip = settings.skips_launch_checks(**job_place())
         if unburnt is not None:  # no check can stand in for the deep tier: not even run
             note = str(reply.get("note", ""))
             verdict = Verdict(Status.CRITICAL, (unburnt,), "prolog", 0.0, note)
+        elif skip:  # the admin listed the job's partition or account: no check is run
+            verdict = Verdict(Status.OK, (), SKIPPED, 0.0, f"launch checks skipped: {skip}")
         else:
             inline = run_inline(config, deadline - time.monotonic())
             note = "; ".join(n for n in (str(reply.get("note", "")), inline.note) if n)
             verdict = Verdict(inline.status, inline.findings, "inline", inline.seconds, note)
-        decision = decide(verdict, settings)
+        decision = observed_gate(decide(verdict, settings), observe_only(config))
         work["recording"] = lambda: record_gate(config, job_id, verdict, decision)
     else:  # the daemon decided (and recorded) a refusal: it stands, with its reasons
         verdict = Verdict.from_reply(reply, "healthd", float(reply.get("seconds", 0.0)))
         decision = decide(verdict, settings)
         blocking = reply.get("blocking")
+        if observe_only(config):  # a daemon not yet reloaded into observe-only mode
+            decision = observed_gate(decision, True)
+            blocking = None
         if decision.allow and isinstance(blocking, list):  # e.g. an RMA ticket
             findings = tuple(Finding.from_json(b) for b in blocking if isinstance(b, dict))
             why = str(reply.get("why") or "refused by medic-healthd")

@@ -160,7 +160,9 @@ def main() -> int:
     from remediation.actions import slurm_client
 
     try:
-        outcome = health_check(config, settings, slurm_client(config, settings))
+        outcome = health_check(
+            config, settings, slurm_client(config, settings, actor="healthcheck")
+        )
     except ConfigError as exc:  # [healthd], [checks.*] or [remediation]: read on the way
         print(f"medic-healthcheck: {exc}", file=sys.stderr)
         return 1

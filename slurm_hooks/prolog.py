@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -65,6 +66,20 @@ def _reply_from_front() -> dict[str, Any] | None:
     return reply if isinstance(reply, dict) and "stale" not in reply else None
 
 
+JOB_WORD = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def job_place() -> dict[str, str]:
+    """The job's partition and account as slurmd sets them for the Prolog (the job cannot
+    set its own), as the compiled front sends them: 1-64 of letters, digits, _ - and .,
+    else "". `[hooks] skip_launch_partitions` and `skip_launch_accounts` match them."""
+    place = {}
+    for key in ("partition", "account"):
+        value = os.environ.get(f"SLURM_JOB_{key.upper()}", "")
+        place[key] = value if JOB_WORD.fullmatch(value) else ""
+    return place
+
+
 def main() -> int:
     started = launch_started(LOADED)
     from medic_core.api import HealthdUnavailable, ask
@@ -89,11 +104,8 @@ def main() -> int:
     if reply is None:
         left = deadline - time.monotonic()
         try:
-            reply = ask(
-                config.paths.socket,
-                {"op": "launch", "budget": max(0.0, left - REPLY_RESERVE), "job_id": job_id},
-                timeout=max(0.001, left),
-            )
+            request = {"op": "launch", "budget": max(0.0, left - REPLY_RESERVE), "job_id": job_id}
+            reply = ask(config.paths.socket, request | job_place(), timeout=max(0.001, left))
         except HealthdUnavailable as exc:
             reply = {"allow": None, "note": str(exc)}
     if reply.get("allow") is True:

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from remediation.actions import record_event, slurm_client
 
     action, message = release_when_held(
-        slurm_client(config, settings),
+        slurm_client(config, settings, actor="releaser"),
         args.job,
         settings.release_wait,
         restarts_before=args.restarts,

@@ -84,7 +84,9 @@ def test_an_allowed_launch_never_starts_python(
     assert done.returncode == 0, done.stderr
     assert handed_over(tmp_path) is None
     # No budget of its own: a fresh-only question, which the daemon answers at once.
-    assert daemon.requests == [{"op": "launch", "fresh_only": True, "job_id": "42"}]
+    assert daemon.requests == [
+        {"op": "launch", "fresh_only": True, "job_id": "42", "partition": "", "account": ""}
+    ]
 
 
 def test_a_refusal_hands_the_daemons_answer_to_the_python_prolog(

@@ -9,6 +9,7 @@ registered checks for a runner)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Mapping
@@ -55,6 +56,7 @@ __all__ = [
     "Result",
     "Status",
     "Tier",
+    "disabled_by",
     "fault",
     "get",
     "gpu_checks_skipped",
@@ -141,6 +143,36 @@ def get(name: str) -> CheckSpec:
     raise KeyError(name)
 
 
+# `[checks] disabled = ["gpu_ecc", "command.gpfs"]`: the fleet's kill switches in one list,
+# beside each check's own `[checks.<name>] enabled = false`.
+DISABLED = "disabled"
+
+
+def _disabled_list(
+    value: Any, configs: Mapping[str, CheckConfig], source: Any
+) -> tuple[set[str], list[ConfigError]]:
+    where = f"checks.{DISABLED}"
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        fix = 'a list of check names, e.g. disabled = ["gpu_ecc"]'
+        return set(), [ConfigError(source, where, f"expected {fix}, got {value!r}", "write " + fix)]
+    unknown = [v for v in value if v not in configs]
+    if unknown:
+        known = ", ".join(sorted(configs))
+        problem = f"{', '.join(map(repr, unknown))}: no such check"
+        return set(), [ConfigError(source, where, problem, f"use any of: {known}")]
+    return set(value), []
+
+
+def disabled_by(config: MedicConfig, name: str) -> str:
+    """Which switch turned check `name` off (for `medic checks`, `medic check` and
+    `medic config check`): `[checks] disabled`, else its own table's `enabled`."""
+    table: Any = config.table("checks")
+    listed = table.get(DISABLED, []) if isinstance(table, Mapping) else []
+    if isinstance(listed, list) and name in listed:
+        return f"[checks] {DISABLED}"
+    return f"[checks.{name}] enabled = false"
+
+
 def load_check_configs(config: MedicConfig) -> dict[str, CheckConfig]:
     """Each check's config from the `[checks.<name>]` tables, defaults for the rest, and one
     per `[checks.command.<name>]` table (keyed `command.<name>`); on a
@@ -160,7 +192,7 @@ def load_check_configs(config: MedicConfig) -> dict[str, CheckConfig]:
         raise ConfigError(config.source, "checks", "expected a table", "write [checks.<name>]")
     bad = set()
     for name, sub in table.items():
-        if name == COMMAND_TABLE and name not in specs:
+        if (name == COMMAND_TABLE and name not in specs) or name == DISABLED:
             continue
         if name not in specs:
             problems.append(ConfigError(
@@ -189,8 +221,13 @@ def load_check_configs(config: MedicConfig) -> dict[str, CheckConfig]:
             configs.update(_command_configs(table.get(COMMAND_TABLE, {}), config.source))
         except ConfigError as exc:
             problems += [exc, *exc.others]
+    off, listed_problems = _disabled_list(table.get(DISABLED, []), configs, config.source)
+    problems += listed_problems
     if problems:
         raise ConfigError.of(problems)
+    configs = {
+        n: dataclasses.replace(c, enabled=False) if n in off else c for n, c in configs.items()
+    }
     if cpu_node:
         configs = {name: cfg.for_cpu_node() for name, cfg in configs.items()}
     return configs

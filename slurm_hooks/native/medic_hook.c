@@ -8,7 +8,9 @@
  *   Prolog (SLURM_SCRIPT_CONTEXT=prolog_slurmd, or anything but the Epilog's):
  *     note the start (CLOCK_MONOTONIC: the prolog's one deadline is this plus `[hooks]
  *     launch_budget`) and ask the local medic-healthd for a verdict from fresh results only
- *     ("fresh_only"), waiting at most QUESTION_TIMEOUT_MS; a reply saying "allow": true exits
+ *     ("fresh_only", with the job's partition and account as slurmd set them: an admin's
+ *     [hooks] skip_launch_* list skips the launch checks), waiting at most
+ *     QUESTION_TIMEOUT_MS; a reply saying "allow": true exits
  *     0. Everything else execs the Python prolog with MEDIC_LAUNCH_STARTED (the start, in
  *     seconds) and either MEDIC_LAUNCH_REPLY (the reply: a refusal it acts on, or the stale
  *     checks, which it asks the daemon to run within what is left of the budget) or
@@ -69,6 +71,23 @@ static int digits_only(const char *s)
         if (*s < '0' || *s > '9')
             return 0;
     return 1;
+}
+
+/* SLURM_JOB_PARTITION or SLURM_JOB_ACCOUNT as the request carries it: 1-64 of letters,
+ * digits, '_', '-' and '.' (nothing to escape in JSON), else "" (then no launch check is
+ * skipped for it: [hooks] skip_launch_partitions and skip_launch_accounts). slurmd sets
+ * both from the job's record; the job cannot name its own. */
+static const char *job_word(const char *name)
+{
+    const char *s = getenv(name), *p;
+
+    if (!s || !*s || strlen(s) > 64)
+        return "";
+    for (p = s; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '_' || *p == '-' || *p == '.'))
+            return "";
+    return s;
 }
 
 /* One request line, one reply line. Returns the reply length, or -1 (errno-style message in
@@ -161,7 +180,7 @@ static int epilog(const char *path, const char *job)
 static int prolog(const char *path, const char *job, char **argv)
 {
     static char reply[REPLY_MAX];
-    char request[160], started[48];
+    char request[320], started[48];
     const char *why = "";
     struct timespec now;
 
@@ -172,7 +191,9 @@ static int prolog(const char *path, const char *job, char **argv)
     }
     if (digits_only(job)) {
         snprintf(request, sizeof request,
-                 "{\"op\": \"launch\", \"fresh_only\": true, \"job_id\": \"%s\"}\n", job);
+                 "{\"op\": \"launch\", \"fresh_only\": true, \"job_id\": \"%s\", "
+                 "\"partition\": \"%s\", \"account\": \"%s\"}\n",
+                 job, job_word("SLURM_JOB_PARTITION"), job_word("SLURM_JOB_ACCOUNT"));
         if (ask(path, request, reply, sizeof reply, &why) >= 0) {
             /* The daemon writes json.dumps(reply): the key and value exactly like this. */
             if (strstr(reply, "\"allow\": true"))
