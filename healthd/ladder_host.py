@@ -105,7 +105,7 @@ class DaemonLadderHost:
 
     def open_rma(self, episode: ep.Episode, why: str) -> int | None:
         from medic_core.vocabulary import component_of
-        from remediation.ladder import episode_finding
+        from remediation.policy import episode_finding
         from remediation.tickets import component_json, open_ticket, rma_summary, ticket_component
 
         gpus = ticket_gpus(episode, self.daemon.gpu_identities)

@@ -57,7 +57,7 @@ from remediation.decide import (
 from remediation.isolation import APPLIED, INTENT, RESTORED, RESTORING, gres_count, recorded
 from remediation.isolator import IsolationError, Isolator
 from remediation.observe import observing, would
-from remediation.policy import LemonEpisode, LemonScore, Rung, StrikeScore, fault_family
+from remediation.policy import LemonScore, Rung, StrikeScore, fault_family, lemon_episode
 from remediation.step import (
     REBOOT_REFUSED_RETRY,
     REFUSED,
@@ -509,24 +509,11 @@ class Ladder:
 
     # ---- progress ----------------------------------------------------------------------
 
-    def _hand_over_rails(self) -> NodeRails:
-        """Read this node's rails and hand them to the onlooker (the launch gate, which then
-        refuses a job on a node with an open RMA ticket without reading the store)."""
-        from remediation import tickets
-
-        rails = tickets.read_rails(self.store.store, self.node)
-        if self.on_rails is not None:
-            try:
-                self.on_rails(rails)
-            except Exception:  # an onlooker's failure is its own: the tick goes on
-                log.exception("%s: handing the rails over failed", self.node)
-        return rails
-
     def tick(self) -> ep.Episode | None:
         """Move this node's open episode on by what is possible now; safe to call any time,
         in particular right after a restart."""
 
-        rails = self._hand_over_rails()
+        rails = hand_over_rails(self.store, self.node, self.on_rails)
         episode = rails.episode
         if keeps_rma_out(episode.state if episode else None, bool(rails.open_tickets)):
             self._keep_rma_out()
@@ -1101,35 +1088,22 @@ class Ladder:
         # The gate learns of the ticket now, not at the next tick: after a reboot rung
         # ReturnToService can put the node back in service before the keep-out drains it
         # again, and a job Slurm places there meanwhile is refused in its prolog.
-        self._hand_over_rails()
+        hand_over_rails(self.store, self.node, self.on_rails)
         self._keep_rma_out()
         return episode
 
 
-def episode_finding(episode: ep.Episode) -> Finding:
-    """The finding an episode was opened for (its evidence keeps every finding of the fault),
-    or one made of the episode's own columns for an episode recorded without them."""
-    found = episode.evidence.get("findings")
-    rows = [f for f in found if isinstance(f, dict)] if isinstance(found, list) else []
-    for row in rows:
-        if (row.get("fault_class"), row.get("target")) == (episode.fault_class, episode.target):
-            return Finding.from_json(row)
-    return Finding(episode.check, Status.CRITICAL, episode.fault_class, episode.target, "")
+def hand_over_rails(
+    store: ep.EpisodeStore, node: str, on_rails: Callable[[NodeRails], object] | None
+) -> NodeRails:
+    """Read the node's rails and hand them to the onlooker (the launch gate, which then
+    refuses a job on a node with an open RMA ticket without reading the store)."""
+    from remediation import tickets
 
-
-def lemon_episode(episode: ep.Episode) -> LemonEpisode:
-    """What the lemon rule reads of a stored episode. It needed a repair when a rung's step
-    was recorded (the attempt counts from its intent; a reboot Slurm refused is given back)
-    or it ended in an RMA ticket; a link re-checked until it came back ran no rung."""
-    return LemonEpisode(
-        component=component_of(episode_finding(episode)),
-        family=fault_family(episode.fault_class),
-        opened_at=episode.opened_at,
-        repaired=episode.state == ep.RMA
-        or episode.ticket_id is not None
-        or any(int(n) > 0 for n in episode.attempts.values()),
-        failed_requalifications=episode.failed_requalifications,
-        closed_by_human=episode.state == ep.CLOSED,
-        ticketed=episode.ticket_id is not None,
-        resolved=episode.state == ep.RESOLVED,
-    )
+    rails = tickets.read_rails(store.store, node)
+    if on_rails is not None:
+        try:
+            on_rails(rails)
+        except Exception:  # an onlooker's failure is its own: the tick goes on
+            log.exception("%s: handing the rails over failed", node)
+    return rails

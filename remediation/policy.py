@@ -11,7 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 
-from medic_core.vocabulary import Component, ComponentKind
+from medic_core.status import Status
+from medic_core.vocabulary import Component, ComponentKind, Finding, component_of
+from remediation.episode_types import CLOSED, RESOLVED, RMA, Episode
 
 
 class Rung(IntEnum):
@@ -387,3 +389,32 @@ class StrikeScore:
     def why(self) -> str:
         rule = f" (strikes: {self.rule.words()})" if self.rule is not None else ""
         return f"{self.flaps} {self.family} faults of {part_name(self.component)}{rule}"
+
+
+def episode_finding(episode: Episode) -> Finding:
+    """The finding an episode was opened for (its evidence keeps every finding of the fault),
+    or one made of the episode's own columns for an episode recorded without them."""
+    found = episode.evidence.get("findings")
+    rows = [f for f in found if isinstance(f, dict)] if isinstance(found, list) else []
+    for row in rows:
+        if (row.get("fault_class"), row.get("target")) == (episode.fault_class, episode.target):
+            return Finding.from_json(row)
+    return Finding(episode.check, Status.CRITICAL, episode.fault_class, episode.target, "")
+
+
+def lemon_episode(episode: Episode) -> LemonEpisode:
+    """What the lemon rule reads of a stored episode. It needed a repair when a rung's step
+    was recorded (the attempt counts from its intent; a reboot Slurm refused is given back)
+    or it ended in an RMA ticket; a link re-checked until it came back ran no rung."""
+    return LemonEpisode(
+        component=component_of(episode_finding(episode)),
+        family=fault_family(episode.fault_class),
+        opened_at=episode.opened_at,
+        repaired=episode.state == RMA
+        or episode.ticket_id is not None
+        or any(int(n) > 0 for n in episode.attempts.values()),
+        failed_requalifications=episode.failed_requalifications,
+        closed_by_human=episode.state == CLOSED,
+        ticketed=episode.ticket_id is not None,
+        resolved=episode.state == RESOLVED,
+    )

@@ -28,7 +28,7 @@ from medic_core.store.models import RmaOutboxRow
 from medic_core.vocabulary import Component, ComponentKind, Finding, Recommendation
 from remediation import episodes as ep
 from remediation import tickets
-from remediation.ladder import lemon_episode, rma_reason, rung_history
+from remediation.ladder import rma_reason, rung_history
 from remediation.policy import (
     FAULT_FAMILIES,
     GPU_BUS,
@@ -38,6 +38,7 @@ from remediation.policy import (
     LemonScore,
     Rung,
     fault_family,
+    lemon_episode,
     same_part,
 )
 from remediation.webhook import deliver_round
