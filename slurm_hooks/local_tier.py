@@ -49,7 +49,9 @@ TRASH_PREFIX = ".tmp-step-deleted."  # slurm_hooks.checkpoint's: a reader skips 
 REGISTRATION_LIMIT = 4096  # bytes: one absolute path
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 WAIT = 600.0  # seconds the sweep waits for the ending job to leave COMPLETING
-POLL = 1.0  # seconds between looks at slurmctld (there is no event to wait on)
+# Seconds between looks at slurmctld (there is no event to wait on): each is a whole-queue
+# `squeue --json` (22.05 ignores --jobs), from every node of an ending job, so not often.
+POLL = 5.0
 
 
 def registration_name(job_id: str, node: str) -> str:
