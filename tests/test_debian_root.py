@@ -136,3 +136,35 @@ def test_medics_slurm_client_looks_in_the_environments_directories_first(
     monkeypatch.delenv(BIN_DIRS_ENV)
     assert CliSlurm(env={}).bin_dirs == DEFAULT_BIN_DIRS
     assert CliSlurm(env={}, bin_dirs=[tmp_path]).bin_dirs == (tmp_path,)
+
+
+def _fake_proc_entry(tmp_path: Path, root: Path, cwd: str, fds: list[str]) -> Path:
+    entry = tmp_path / "proc" / "4242"
+    (entry / "fd").mkdir(parents=True)
+    (entry / "root").symlink_to(root)
+    (entry / "cwd").symlink_to(cwd)
+    for number, target in enumerate(fds):
+        (entry / "fd" / str(number)).symlink_to(target)
+    return entry
+
+
+def test_a_process_in_the_root_holding_a_file_of_the_lab_is_the_labs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """26.05's slurmstepd blanks its environment (no lab tag) and outlives a killed slurmd:
+    down finds it by what it holds open, seen through the root."""
+    monkeypatch.setenv("MEDIC_LAB_CACHE", str(tmp_path / "cache"))
+    lab = _saved_lab(tmp_path, "26.05")
+    root = lab.debian_root()
+    assert root is not None
+    inside = f"{root.path}{lab.root}"
+    spool = _fake_proc_entry(tmp_path / "a", root.path, "/", [f"{inside}/nodes/n1/slurmd.log"])
+    assert lab._holds_lab_file(spool, root)
+    in_cwd = _fake_proc_entry(tmp_path / "b", root.path, inside, [])
+    assert lab._holds_lab_file(in_cwd, root)
+    # Another lab on the same root (a sibling whose name starts the same), or the host.
+    sibling = _fake_proc_entry(tmp_path / "c", root.path, f"{inside}-2", [f"{inside}-2/x"])
+    assert not lab._holds_lab_file(sibling, root)
+    on_host = _fake_proc_entry(tmp_path / "d", Path("/"), str(lab.root), [str(lab.root)])
+    assert not lab._holds_lab_file(on_host, root)
+    assert not lab._holds_lab_file(tmp_path / "proc" / "gone", root)

@@ -718,8 +718,11 @@ class Lab:
         return False
 
     def tagged_pids(self) -> list[int]:
-        """Processes (slurmstepd, job tasks, stray daemons) carrying this lab's tag."""
+        """Processes (slurmstepd, job tasks, stray daemons) carrying this lab's tag, and on
+        a Debian root those in it that hold a file of this lab (26.05's slurmstepd blanks
+        its environment for its title and outlives a killed slurmd)."""
         tag = f"{LAB_TAG_ENV}={self.root}".encode()
+        root = self.debian_root()
         me = os.getpid()
         found = []
         for entry in Path("/proc").iterdir():
@@ -729,9 +732,21 @@ class Lab:
                 environ = (entry / "environ").read_bytes()
             except OSError:
                 continue
-            if tag in environ.split(b"\0"):
+            if tag in environ.split(b"\0") or (root and self._holds_lab_file(entry, root)):
                 found.append(int(entry.name))
         return [p for p in found if pid_alive(p)]
+
+    def _holds_lab_file(self, entry: Path, root: DebianRoot) -> bool:
+        """`entry` (/proc/PID) runs in `root` with its cwd or an open file in this lab."""
+        inside = f"{root.path}{self.root}"  # this lab's directory as seen through the root
+        try:
+            if os.readlink(entry / "root") != str(root.path):
+                return False
+            links = [os.readlink(entry / "cwd")]
+            links += [os.readlink(fd) for fd in (entry / "fd").iterdir()]
+        except OSError:
+            return False
+        return any(link == inside or link.startswith(f"{inside}/") for link in links)
 
     def down(self, timeout: float = 15.0) -> None:
         """Cancel jobs, stop every daemon by PID, then sweep anything left with our tag."""
