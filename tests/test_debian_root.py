@@ -14,6 +14,7 @@ from cli.lab import debian_root
 from cli.lab.cluster import Lab, LabState
 from cli.lab.debian_root import DebianRoot, RootError, recipe_hash
 from cli.lab.slurm_conf import LabPorts, LabSpec
+from medic_core import proc
 from medic_core.slurm import BIN_DIRS_ENV, DEFAULT_BIN_DIRS, CliSlurm
 
 REQUIREMENTS = ["click>=8.1", "psutil>=5.9"]
@@ -168,3 +169,21 @@ def test_a_process_in_the_root_holding_a_file_of_the_lab_is_the_labs(
     on_host = _fake_proc_entry(tmp_path / "d", Path("/"), str(lab.root), [str(lab.root)])
     assert not lab._holds_lab_file(on_host, root)
     assert not lab._holds_lab_file(tmp_path / "proc" / "gone", root)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts need root")
+def test_removing_a_root_never_deletes_through_a_mount_in_it(tmp_path: Path) -> None:
+    """A build killed half-way leaves the host's /dev mounted in its root: the next build
+    deletes that root after unmounting, not the host's files through it."""
+    keep = tmp_path / "host-dev"
+    keep.mkdir()
+    (keep / "null").write_text("the host's\n")
+    tree = tmp_path / "root.new"
+    (tree / "dev").mkdir(parents=True)
+    proc.run(["mount", "--bind", str(keep), str(tree / "dev")], timeout=10, check=True)
+    try:
+        debian_root._remove_tree(tree)
+    finally:
+        proc.run(["umount", str(tree / "dev")], timeout=10)
+    assert not tree.exists()
+    assert (keep / "null").read_text() == "the host's\n"

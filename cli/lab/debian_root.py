@@ -163,7 +163,7 @@ class DebianRoot:
     def _build(self) -> None:
         new = self.dir / "root.new"
         self.dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(new, ignore_errors=True)
+        _remove_tree(new)
         env = {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8"}
         _run(
             ["debootstrap", "--variant=minbase", self.suite, str(new), ARCHIVE],
@@ -214,7 +214,7 @@ class DebianRoot:
             script.chmod(0o755)
         (new / str(MARKER).lstrip("/")).write_text(f"{self.release}\n")
         (new / "RECIPE").write_text(f"{self.recipe()}\n")
-        shutil.rmtree(self.path, ignore_errors=True)
+        _remove_tree(self.path)
         new.rename(self.path)
 
     # ---- mounts, shared by the labs using the root -------------------------------------
@@ -310,6 +310,18 @@ def _system_mounts(root: Path) -> list[tuple[Path, list[str]]]:
         (dev, ["mount", "--rbind", "--make-rslave", "/dev", str(dev)]),
         (sys_dir, ["mount", "--rbind", "--make-rslave", "/sys", str(sys_dir)]),
     ]
+
+
+def _remove_tree(tree: Path) -> None:
+    """Delete a root, its mounts first: a build killed half-way leaves the host's /dev and
+    /sys mounted in it, and deleting through them would delete the host's."""
+    for point in sorted(_mount_points(), reverse=True):
+        if point.startswith(f"{tree}/"):
+            _umount(Path(point))
+    left = [point for point in _mount_points() if point.startswith(f"{tree}/")]
+    if left:
+        raise RootError(f"{tree} still has mounts ({', '.join(left)}): unmount them first")
+    shutil.rmtree(tree, ignore_errors=True)
 
 
 def _run(argv: list[str], timeout: float, env: dict[str, str], what: str) -> None:
