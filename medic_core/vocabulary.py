@@ -59,8 +59,10 @@ class Finding:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Finding:
         evidence = data.get("evidence") or {}
-        word = ""
-        if isinstance(evidence, Mapping):
+        # as_json's own key first (so a finding survives its JSON whole), then the forms a
+        # check result carries: its evidence's recommendation, its `remediation`.
+        word = str(data.get("recommendation") or "")
+        if not word and isinstance(evidence, Mapping):
             word = str(evidence.get("recommendation") or "")
         word = word or str(data.get("remediation") or "")
         try:

@@ -91,3 +91,20 @@ def test_any_evidence_gives_a_storable_object(evidence: Any) -> None:
     assert "\\u0000" not in text and len(text) <= EVIDENCE_LIMIT + 100
     finding = Finding.from_json({"check": "c", "status": "WARN", "evidence": evidence})
     assert finding.evidence == kept
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(list(Recommendation)),
+    st.sampled_from(list(Status)),
+    st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=8), max_size=4),
+)
+def test_a_finding_survives_its_own_json_whole(
+    recommendation: Recommendation, status: Status, evidence: dict[str, Any]
+) -> None:
+    """Found in stop 31: from_json ignored as_json's `recommendation`, so a finding sent
+    through JSON without evidence came back as `drain`."""
+    finding = Finding("gpu_xid", status, "gpu.xid.79", "3", "XID 79", recommendation, evidence)
+    back = Finding.from_json(json.loads(json.dumps(finding.as_json())))
+    assert back == finding and back.recommendation is recommendation
+    assert back.evidence == storable_evidence(evidence)
