@@ -103,6 +103,12 @@ COMMANDS: dict[str, LazyCommand] = {
         "fleet",
         "The fleet as a whole: nodes that run other versions than their peers.",
     ),
+    "maintenance": LazyCommand(
+        "cli.maintenance",
+        "maintenance",
+        "A maintenance window: Slurm's maintenance reservation on the nodes, resilient jobs"
+        " requeued from their checkpoint before it starts.",
+    ),
     "sweep": LazyCommand(
         "cli.sweep",
         "sweep",
