@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cli.lab import debian_root
-from cli.lab.cluster import Lab, LabState
+from cli.lab.cluster import Lab, LabState, _enter_root_lines
 from cli.lab.debian_root import DebianRoot, RootError, recipe_hash
 from cli.lab.slurm_conf import LabPorts, LabSpec
 from medic_core import proc
@@ -187,3 +187,27 @@ def test_removing_a_root_never_deletes_through_a_mount_in_it(tmp_path: Path) -> 
         proc.run(["umount", str(tree / "dev")], timeout=10)
     assert not tree.exists()
     assert (keep / "null").read_text() == "the host's\n"
+
+
+def test_a_wrapper_run_on_the_host_enters_the_root_in_the_callers_directory(
+    tmp_path: Path,
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "unshare"
+    fake.write_text('#!/bin/sh\necho "$@"\n')
+    fake.chmod(0o755)
+    root = DebianRoot(release="24.11", cache=tmp_path)  # its path: tmp_path/trixie/root
+    script = tmp_path / "scontrol"
+    script.write_text(f"#!/bin/sh\n{_enter_root_lines(root, '/usr/bin/scontrol')}echo host\n")
+    script.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    root.path.mkdir(parents=True)
+    (tmp_path / "work").mkdir()
+    inside = proc.run([str(script), "ping", "it's"], timeout=10, env=env, cwd=tmp_path / "work")
+    # tmp_path/work has no twin in the root: / instead; the arguments pass as they are.
+    assert inside.stdout == f"--root={root.path} --wd=/ /usr/bin/scontrol ping it's\n"
+    at = root.path / str(tmp_path / "work").lstrip("/")
+    at.mkdir(parents=True)
+    inside = proc.run([str(script)], timeout=10, env=env, cwd=tmp_path / "work")
+    assert inside.stdout == f"--root={root.path} --wd={tmp_path / 'work'} /usr/bin/scontrol\n"

@@ -108,6 +108,19 @@ def test_scontrol_reboot_nextstate_resume_goes_through_the_reboot_program(lab: L
     assert (lab.layout.node("n3").dir / "reboot.log").exists()  # the RebootProgram ran
 
 
+def test_resume_keeps_the_drain_reason_on_24_11_only(lab: Lab) -> None:
+    """Measured: after `state=resume` 24.11 keeps the node's reason on the node back in
+    service; 22.05 (tests/test_lab_smoke.py) and 26.05 clear it. Medic takes a drain from the
+    DRAIN flag, never from a reason alone (medic_core.drain_reason.drain_node)."""
+    lab.slurm(["scontrol", "update", "nodename=n2", "state=drain", "reason=medic: probe"])
+    assert drained_by_medic(lab, "n2")
+    lab.slurm(["scontrol", "update", "nodename=n2", "state=resume"])
+    poll("n2 idle again", lambda: idle_and_clear(node_info(lab, "n2")))
+    kept = node_info(lab, "n2")["reason"]
+    assert kept == ("medic: probe" if _slurm_version(lab)[:2] == (24, 11) else "")
+    assert not drained_by_medic(lab, "n2")
+
+
 @pytest.mark.parametrize("release", RELEASES)
 def test_down_leaves_no_mount_or_process_behind(release: str) -> None:
     root = DebianRoot.for_release(release)

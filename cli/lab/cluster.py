@@ -238,6 +238,17 @@ def ensure_packages() -> None:
     )
 
 
+def _enter_root_lines(root: DebianRoot, program: str) -> str:
+    """Shell lines that, outside `root`, run `program` "$@" inside it, in the caller's
+    directory (/ if the root has no such directory); inside it they do nothing."""
+    return (
+        f"if [ ! -e {MARKER} ]; then\n"
+        f'  wd="$PWD"; [ -d "{root.path}$wd" ] || wd=/\n'
+        f'  exec unshare --root="{root.path}" --wd="$wd" {program} "$@"\n'
+        "fi\n"
+    )
+
+
 class Lab:
     def __init__(self, root: Path, venv_bin: Path | None = None) -> None:
         self.root = root.resolve()
@@ -447,7 +458,13 @@ class Lab:
         slurmd's environment, so the wrapper supplies the lab's config and NVML library;
         in production slurm.conf names the console scripts directly."""
         exports = "".join(f"export {k}='{v}'\n" for k, v in self.env().items())
-        header = f"#!/bin/sh\n# Written by `medic lab up`.\nexport PATH='{SYSTEM_PATH}'\n{exports}"
+        root = self.debian_root()
+        # Run from the host (a test, an operator trying a hook), it enters the root first.
+        enter = _enter_root_lines(root, '"$0"') if root is not None else ""
+        header = (
+            f"#!/bin/sh\n# Written by `medic lab up`.\n{enter}"
+            f"export PATH='{SYSTEM_PATH}'\n{exports}"
+        )
         # The Prolog and Epilog go through the compiled front, as on a production node; it
         # finds this node's daemon from SLURMD_NODENAME, the one variable every hook gets.
         node_dir = self.layout.node_template().replace("{node}", "${SLURMD_NODENAME}")
@@ -473,9 +490,8 @@ class Lab:
             self._write_script(
                 self.layout.slurm_bin / name,
                 "#!/bin/sh\n# Written by `medic lab up`.\n"
-                f'[ -e {MARKER} ] && exec /usr/bin/{name} "$@"\n'
-                f'wd="$PWD"; [ -d "{root.path}$wd" ] || wd=/\n'
-                f'exec unshare --root="{root.path}" --wd="$wd" /usr/bin/{name} "$@"\n',
+                f"{_enter_root_lines(root, f'/usr/bin/{name}')}"
+                f'exec /usr/bin/{name} "$@"\n',
             )
 
     @staticmethod
