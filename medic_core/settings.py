@@ -278,7 +278,7 @@ class RemediationSettings:
     )
     attempts: dict[str, int] = field(
         default_factory=lambda: {"gpu_reset": 2, "driver_reload": 1, "reboot": 1},
-        metadata=bounds(keys=RUNG_NAMES[:3], minimum=0, doc="attempts per rung before the next"),
+        metadata=bounds(keys=RUNG_NAMES[:3], minimum=0, doc="tries per rung; 0 skips it"),
     )
     cooldown: dict[str, float] = field(
         default_factory=lambda: {"gpu_reset": 0.0, "driver_reload": 60.0, "reboot": 600.0},

@@ -208,6 +208,9 @@ def _idle(episode: ep.Episode, facts: StepFacts) -> StepDecision:
     if rung is Rung.GPU_RESET and not single_gpu(episode.target):
         # a node-wide fault: a per-GPU reset does not apply
         return escalation(episode, facts.rules, "no single GPU to reset", skip=True)
+    if facts.rules.allowed(rung) == 0:  # the site turned this rung off
+        why = f"[remediation] attempts gives {rung.word} none"
+        return escalation(episode, facts.rules, why, skip=True)
     if facts.rules.observe_only:
         return _observed(episode, rung.word, f"start {rung.word}")
     return _stay(episode, Move.ACT, ep.REBOOTING if rung is Rung.REBOOT else ep.ACTING, rung.word)

@@ -94,7 +94,10 @@ def test_the_users_other_job_is_refused_in_its_prolog_and_never_runs_on_the_spar
     assert not drained(lab, SPARE)
     [record] = [r for r in store.drain_records(SPARE) if "spare.handed" in r.reason]
     assert (record.actor, record.closed_by, record.open) == ("spares", "spares", False)
-    assert squeue(lab, other_id).startswith("PENDING")  # requeued by Slurm, held
+    # Slurm requeues the refused job held, as a rule; on a loaded CI machine it was once
+    # gone from the queue instead (what Slurm makes of a failed prolog is Slurm's). Medic's
+    # part: it never runs on the spare (below).
+    assert not squeue(lab, other_id).startswith(("RUNNING", "CONFIGURING"))
     gates = [e for e in store.events(SPARE, kind="gate") if e.target == f"job:{other_id}"]
     assert gates and gates[0].evidence["allow"] is False
 

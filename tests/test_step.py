@@ -125,6 +125,17 @@ def test_a_rung_with_attempts_left_is_tried_again() -> None:
     assert decide_step(twice, facts).rung == Rung.DRIVER_RELOAD
 
 
+@pytest.mark.parametrize(
+    ("off", "starts"), [("gpu_reset", Rung.DRIVER_RELOAD), ("driver_reload", Rung.REBOOT)]
+)
+def test_a_rung_with_no_attempts_is_skipped_not_run_once(off: str, starts: Rung) -> None:
+    rules = replace(RULES, attempts={off: 0})
+    first = Rung.from_word(off)
+    d = decide_step(episode(ep.WAITING_IDLE, first, attempts={}), StepFacts(OPENED, rules))
+    assert d.escalate and d.rung == starts and d.move is not Move.ACT
+    assert d.why == f"[remediation] attempts gives {off} none"
+
+
 def test_the_reboot_failing_opens_the_rma() -> None:
     d = decide_step(episode(rung=Rung.REBOOT), at(10, findings=(found(Status.CRITICAL),)))
     assert d.escalate and d.rma and d.rung == Rung.RMA
@@ -395,9 +406,9 @@ def test_a_fault_no_rung_cures_reaches_rma_only_after_every_rungs_allowed_attemp
         raise AssertionError("never reached RMA")
     gpu = target.isascii() and target.isdigit()
     for rung in range(first, Rung.RMA):
-        # A rung the ladder reaches is tried once even with 0 attempts allowed (the
-        # attempts count those before the next rung); a GPU reset with no GPU is skipped.
-        allowed = max(1, rules.allowed(Rung(rung))) if rung != Rung.GPU_RESET or gpu else 0
+        # Each rung is tried as often as allowed: 0 skips it (noticed in stop 31: it ran
+        # once); a GPU reset with no GPU is skipped.
+        allowed = rules.allowed(Rung(rung)) if rung != Rung.GPU_RESET or gpu else 0
         assert e.attempts_at(rung) == allowed, (Rung(rung).word, dict(e.attempts))
 
 
