@@ -44,6 +44,9 @@ HEAVY_MODULES = {
     "remediation.report_store",
     "remediation.sweep",
     "healthd.nvml_client",
+    # Not heavy itself, but the decision core (~0.1 s with what it imports) has no business
+    # in a --help: observe-only's report section once pulled it into `medic report --help`.
+    "remediation.decide",
 }
 
 # Runs each command line of argv[1] (a JSON list of lists) in this one interpreter, in
