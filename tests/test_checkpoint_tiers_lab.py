@@ -11,8 +11,11 @@ whose two ranks (one per node) each write a checkpoint per step with the node-lo
 * when it ends for good, the epilog's sweep removes its node-local copies on the nodes of
   its last run.
 
-The size per rank and step is MEDIC_TIERS_LAB_BYTES (default 8 MiB, for CI); the issue's
-2 GiB per node runs with MEDIC_TIERS_LAB_BYTES=2147483648 (a few minutes)."""
+The size per rank and step is MEDIC_TIERS_LAB_BYTES (default 8 MiB, for CI: 103 s); the
+issue's 2 GiB per node runs with MEDIC_TIERS_LAB_BYTES=2147483648 (11-28: passed in 317 s;
+commit stall median 8.9 s, max 24.9 s, two ranks on 2 cores; reload from tmpfs 3.8 s, 3.1 s
+of it latest()'s hashing; from durable 0.8-1.1 s, the lab's durable tier being local disk
+with the step still in the page cache, not a parallel filesystem)."""
 
 from __future__ import annotations
 
