@@ -33,22 +33,18 @@ from medic_core import proc
 
 log = logging.getLogger("medic.slurm")
 DEFAULT_BIN_DIRS = (Path("/usr/bin"), Path("/usr/local/bin"), Path("/opt/slurm/bin"))
-# Directories searched before DEFAULT_BIN_DIRS, ':'-separated: a Slurm client not in them
-# (the lab's wrappers for a Slurm release run in a Debian root, cli/lab/debian_root.py).
+# ':'-separated directories searched before DEFAULT_BIN_DIRS (cli/lab/debian_root.py's).
 BIN_DIRS_ENV = "MEDIC_SLURM_BIN"
 DEFAULT_TIMEOUT = 15.0
 
 # Base node states; every other word in a node's state is a flag (DRAIN, REBOOT_ISSUED, ...).
 NODE_BASE_STATES = frozenset(
-    {"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN", "END"}
-)
+    {"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN", "END"})  # fmt: skip
 REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
-JOB_BASE_STATES = frozenset(
-    {
-        "PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT",
-        "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
-    }
-)  # fmt: skip
+JOB_BASE_STATES = frozenset({
+    "PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT",
+    "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
+})  # fmt: skip
 FINAL_JOB_STATES = JOB_BASE_STATES - {"PENDING", "RUNNING", "SUSPENDED"}
 # 22.05 prints one job state word and lets these flags win over the base state (Slurm's
 # job_state_string()); newer layouts list base and flags, so we pick the same word.
@@ -637,10 +633,8 @@ class CliSlurm:
     ) -> None:
         self.env = dict(os.environ if env is None else env)
         self.timeout = timeout
-        if bin_dirs is None:
-            first = [Path(d) for d in os.environ.get(BIN_DIRS_ENV, "").split(":") if d]
-            bin_dirs = [*first, *DEFAULT_BIN_DIRS]
-        self.bin_dirs = tuple(Path(d) for d in bin_dirs)
+        first = [Path(d) for d in os.environ.get(BIN_DIRS_ENV, "").split(":") if d]
+        self.bin_dirs = tuple(Path(d) for d in (bin_dirs or (*first, *DEFAULT_BIN_DIRS)))
         self._binaries: dict[str, str] = {}
         # From 23.11 `sinfo --json` groups nodes by state; we then ask scontrol instead.
         self._nodes_from_scontrol = False

@@ -13,6 +13,7 @@ import pytest
 from cli.lab import debian_root
 from cli.lab.cluster import Lab, LabState, _enter_root_lines
 from cli.lab.debian_root import DebianRoot, RootError, recipe_hash
+from cli.lab.processes import holds_lab_file
 from cli.lab.slurm_conf import LabPorts, LabSpec
 from medic_core import proc
 from medic_core.slurm import BIN_DIRS_ENV, DEFAULT_BIN_DIRS, CliSlurm
@@ -160,15 +161,15 @@ def test_a_process_in_the_root_holding_a_file_of_the_lab_is_the_labs(
     assert root is not None
     inside = f"{root.path}{lab.root}"
     spool = _fake_proc_entry(tmp_path / "a", root.path, "/", [f"{inside}/nodes/n1/slurmd.log"])
-    assert lab._holds_lab_file(spool, root)
+    assert holds_lab_file(spool, lab.root, root)
     in_cwd = _fake_proc_entry(tmp_path / "b", root.path, inside, [])
-    assert lab._holds_lab_file(in_cwd, root)
+    assert holds_lab_file(in_cwd, lab.root, root)
     # Another lab on the same root (a sibling whose name starts the same), or the host.
     sibling = _fake_proc_entry(tmp_path / "c", root.path, f"{inside}-2", [f"{inside}-2/x"])
-    assert not lab._holds_lab_file(sibling, root)
+    assert not holds_lab_file(sibling, lab.root, root)
     on_host = _fake_proc_entry(tmp_path / "d", Path("/"), str(lab.root), [str(lab.root)])
-    assert not lab._holds_lab_file(on_host, root)
-    assert not lab._holds_lab_file(tmp_path / "proc" / "gone", root)
+    assert not holds_lab_file(on_host, lab.root, root)
+    assert not holds_lab_file(tmp_path / "proc" / "gone", lab.root, root)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts need root")

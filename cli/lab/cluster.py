@@ -11,25 +11,29 @@ import contextlib
 import fcntl
 import json
 import os
-import random
 import re
 import shlex
 import shutil
-import signal
 import socket
-import stat
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cli.lab import scenario as scenario_mod
 from cli.lab.debian_root import HOST_RELEASE, MARKER, REPO, DebianRoot, RootError
+from cli.lab.host_setup import DAEMONS, ensure_packages, free_port_block, make_gpu_devices
+from cli.lab.host_setup import SYSTEM_PATH as SYSTEM_PATH
 from cli.lab.layout import LabLayout, NodeLayout
+from cli.lab.processes import LabError as LabError
+from cli.lab.processes import health_check_running, read_pid, tagged_pids, terminate, write_script
+from cli.lab.processes import pid_alive as pid_alive
+from cli.lab.processes import process_start as process_start
+from cli.lab.processes import slack as slack
+from cli.lab.processes import wait_for as wait_for
 from cli.lab.slurm_conf import (
     LabPorts,
     LabSpec,
@@ -41,13 +45,6 @@ from medic_core import proc
 from medic_core import slurm as slurm_json
 from slurm_hooks.native import build as native_build
 
-# libslurm-dev and gcc build the --resilient SPANK plugin (and gcc the NVML library).
-DEBIAN_PACKAGES = ("munge", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "gcc")
-DAEMONS = {
-    "munged": "/usr/sbin/munged",
-    "slurmctld": "/usr/sbin/slurmctld",
-    "slurmd": "/usr/sbin/slurmd",
-}
 HOOKS = ("medic-prolog", "medic-epilog", "medic-healthcheck")
 # The Slurm client commands a lab on a Debian root wraps for host-side callers.
 SLURM_CLIENTS = (
@@ -57,16 +54,10 @@ SLURM_CLIENTS = (
 # Every process the lab starts carries this variable; `down` sweeps stragglers by it
 # (slurmstepd and job processes inherit it from slurmd and the submitting shell).
 LAB_TAG_ENV = "MEDIC_LAB_ROOT"
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CMD_TIMEOUT = 15.0
-NVIDIA_MAJOR = 195
 ACTIVE_JOB_STATES = frozenset(
     {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
 )
-
-
-class LabError(RuntimeError):
-    """The lab could not do what was asked; the message says why and what to do."""
 
 
 @dataclass
@@ -116,126 +107,7 @@ class LabStatus:
     nodes: list[NodeStatus] = field(default_factory=list)
 
 
-def pid_alive(pid: int) -> bool:
-    """True while `pid` runs; reaps it if it is our exited child, and treats zombies as gone."""
-    if pid <= 0:
-        return False
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def process_start(pid: int) -> int | None:
-    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22), or None if no
-    live process has it. With the pid, names one process: pids wrap (32768 here) and a
-    long test run reuses them within minutes."""
-    if not pid_alive(pid):
-        return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def slack() -> float:
-    """How much longer than written every lab deadline is (MEDIC_LAB_SLACK, default 1).
-
-    A deadline here says when to stop waiting for Slurm or a daemon, never how fast they
-    must be (bench/ measures that): scripts/test runs six test workers, each with a lab of
-    its own, on two cores, where a job that starts in 2 s alone took over 10 s."""
-    text = os.environ.get("MEDIC_LAB_SLACK", "1")
-    try:
-        value = float(text)
-    except ValueError:
-        raise LabError(f"MEDIC_LAB_SLACK={text!r} is not a number: set it to 1 or more") from None
-    if not 1 <= value <= 100:
-        raise LabError(f"MEDIC_LAB_SLACK={text!r} is out of range: set it between 1 and 100")
-    return value
-
-
-def wait_for(
-    what: str, predicate: Callable[[], bool], timeout: float, interval: float = 0.05
-) -> None:
-    timeout *= slack()
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise LabError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
 SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, NUL excluded)
-
-# Below Linux's default ephemeral range (32768-60999): a slurmd restarted by a simulated
-# reboot must find its port free, not taken by some process's outgoing connection.
-LAB_PORTS = range(20000, 32000)
-
-
-def _free_port_block(count: int) -> int:
-    """First port of `count` consecutive free loopback ports."""
-    rng = random.Random()
-    for _ in range(200):
-        first = rng.randrange(LAB_PORTS.start, LAB_PORTS.stop - count)
-        if all(_port_free(first + i) for i in range(count)):
-            return first
-    raise LabError("no block of free loopback ports found")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().split()[0])
-    except (FileNotFoundError, ValueError, IndexError):
-        return None
-
-
-def make_gpu_devices(dev: Path, count: int) -> None:
-    """/dev/nvidiaN as character devices with the NVIDIA driver's major number (195), as on
-    a real host; without root they fall back to plain files, which slurmd accepts noisily."""
-    dev.mkdir(parents=True, exist_ok=True)
-    for index in range(count):
-        path = dev / f"nvidia{index}"
-        if path.exists():
-            continue
-        try:
-            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, index))
-        except PermissionError:
-            path.touch()
-
-
-def ensure_packages() -> None:
-    """Install Debian's Slurm and munge packages when a daemon is missing (root only)."""
-    missing = [name for name, path in DAEMONS.items() if not Path(path).exists()]
-    if not missing and shutil.which("sinfo"):
-        return
-    if os.geteuid() != 0:
-        raise LabError(
-            f"{', '.join(missing) or 'sinfo'} not installed; as root run: "
-            f"apt-get install {' '.join(DEBIAN_PACKAGES)}"
-        )
-    env = {"PATH": SYSTEM_PATH, "DEBIAN_FRONTEND": "noninteractive"}
-    proc.run(["apt-get", "update", "-qq"], timeout=300, env=env, check=True)
-    proc.run(
-        ["apt-get", "install", "-y", "-qq", *DEBIAN_PACKAGES], timeout=600, env=env, check=True
-    )
 
 
 def _enter_root_lines(root: DebianRoot, program: str) -> str:
@@ -364,7 +236,7 @@ class Lab:
         # picks a free block of loopback ports and has its daemons bind them.
         ports_lock = open(Path(tempfile.gettempdir()) / "medic-lab-ports.lock", "a")  # noqa: SIM115
         fcntl.flock(ports_lock, fcntl.LOCK_EX)
-        ports = LabPorts(slurmctld=_free_port_block(spec.nodes + 1), slurmd_first=0)
+        ports = LabPorts(slurmctld=free_port_block(spec.nodes + 1), slurmd_first=0)
         ports = LabPorts(slurmctld=ports.slurmctld, slurmd_first=ports.slurmctld + 1)
         state = LabState(
             spec=spec,
@@ -473,31 +345,26 @@ class Lab:
         for hook in HOOKS:
             direct = f'{header}exec "{self.venv_bin / hook}" "$@"\n'
             text = fast if hook in ("medic-prolog", "medic-epilog") else direct
-            self._write_script(self.layout.bin_dir / hook, text)
+            write_script(self.layout.bin_dir / hook, text)
         python = self.venv_bin / "python"
         reboot = f'{header}exec "{python}" -m cli.lab.reboot --lab-root "{self.root}"\n'
-        self._write_script(self.layout.bin_dir / "medic-lab-reboot", reboot)
+        write_script(self.layout.bin_dir / "medic-lab-reboot", reboot)
         # Stand-ins for deep-tier tools, found through [checks.*] search_dirs (docs/lab.md).
         self.layout.tools_dir.mkdir(parents=True, exist_ok=True)
         dcgmi = f'{header}exec "{python}" -m cli.lab.dcgmi "$@"\n'
-        self._write_script(self.layout.tools_dir / "dcgmi", dcgmi)
+        write_script(self.layout.tools_dir / "dcgmi", dcgmi)
 
     def _write_slurm_wrappers(self, root: DebianRoot) -> None:
         """<lab>/slurm-bin/<client>: the root's Slurm client run inside the root, in the
         caller's directory (/ if the root has no such directory)."""
         self.layout.slurm_bin.mkdir(parents=True, exist_ok=True)
         for name in SLURM_CLIENTS:
-            self._write_script(
+            write_script(
                 self.layout.slurm_bin / name,
                 "#!/bin/sh\n# Written by `medic lab up`.\n"
                 f"{_enter_root_lines(root, f'/usr/bin/{name}')}"
                 f'exec /usr/bin/{name} "$@"\n',
             )
-
-    @staticmethod
-    def _write_script(path: Path, text: str) -> None:
-        path.write_text(text)
-        path.chmod(0o755)
 
     def _daemon_env(self) -> dict[str, str]:
         env = {"PATH": SYSTEM_PATH, "HOME": str(self.root), "LANG": "C.UTF-8"}
@@ -522,13 +389,14 @@ class Lab:
             log_path=m / "munged.out",
             env=self._daemon_env(),
         )
-        wait_for("munged", lambda: self._munge_ok(pid), 10)
-        return pid
 
-    def _munge_ok(self, pid: int) -> bool:
-        if not pid_alive(pid):
-            raise LabError(f"munged exited: see {self.layout.munge_dir / 'munged.log'}")
-        return self.layout.munge_socket.exists()
+        def answers() -> bool:
+            if not pid_alive(pid):
+                raise LabError(f"munged exited: see {self.layout.munge_dir / 'munged.log'}")
+            return self.layout.munge_socket.exists()
+
+        wait_for("munged", answers, 10)
+        return pid
 
     def _start_slurmctld(self) -> int:
         pid = proc.spawn(
@@ -550,7 +418,7 @@ class Lab:
         its state, so `start_slurmctld` brings it back with every job and node state."""
         state = self.state()
         if pid_alive(state.slurmctld_pid):
-            self._terminate([state.slurmctld_pid], timeout)
+            terminate([state.slurmctld_pid], timeout)
 
     def start_slurmctld(self) -> int:
         """Start the controller again after `stop_slurmctld`; waits until it answers."""
@@ -619,15 +487,15 @@ class Lab:
 
     def stop_healthd(self, name: str, timeout: float = 10.0) -> None:
         node = self.layout.node(name)
-        pid = _read_pid(node.healthd_pid)
+        pid = read_pid(node.healthd_pid)
         if pid and pid_alive(pid):
-            self._terminate([pid], timeout)
+            terminate([pid], timeout)
         node.healthd_pid.unlink(missing_ok=True)
 
     def healthd_pids(self) -> dict[str, int]:
         running = {}
         for name in self.node_names():
-            pid = _read_pid(self.layout.node(name).healthd_pid)
+            pid = read_pid(self.layout.node(name).healthd_pid)
             if pid and pid_alive(pid):
                 running[name] = pid
         return running
@@ -680,7 +548,7 @@ class Lab:
         ):
             name = raw["name"]
             layout = self.layout.node(name)
-            pid = _read_pid(layout.slurmd_pid)
+            pid = read_pid(layout.slurmd_pid)
             result.append(
                 NodeStatus(
                     name=name,
@@ -716,53 +584,16 @@ class Lab:
             return pids
         for name in state.spec.node_names():
             for pid_file in (self.layout.node(name).slurmd_pid, self.layout.node(name).healthd_pid):
-                pid = _read_pid(pid_file)
+                pid = read_pid(pid_file)
                 if pid:
                     pids.append(pid)
         pids += [state.slurmctld_pid, state.munged_pid]
         return [p for p in pids if p > 0]
 
-    def health_checks_running(self) -> bool:
-        """A HealthCheckProgram of this lab (slurmd runs it every HealthCheckInterval)."""
-        for pid in self.tagged_pids():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"medic-healthcheck" in cmdline:
-                return True
-        return False
-
     def tagged_pids(self) -> list[int]:
         """Processes (slurmstepd, job tasks, stray daemons) carrying this lab's tag, and on
-        a Debian root those in it that hold a file of this lab (26.05's slurmstepd blanks
-        its environment for its title and outlives a killed slurmd)."""
-        tag = f"{LAB_TAG_ENV}={self.root}".encode()
-        root = self.debian_root()
-        me = os.getpid()
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == me:
-                continue
-            try:
-                environ = (entry / "environ").read_bytes()
-            except OSError:
-                continue
-            if tag in environ.split(b"\0") or (root and self._holds_lab_file(entry, root)):
-                found.append(int(entry.name))
-        return [p for p in found if pid_alive(p)]
-
-    def _holds_lab_file(self, entry: Path, root: DebianRoot) -> bool:
-        """`entry` (/proc/PID) runs in `root` with its cwd or an open file in this lab."""
-        inside = f"{root.path}{self.root}"  # this lab's directory as seen through the root
-        try:
-            if os.readlink(entry / "root") != str(root.path):
-                return False
-            links = [os.readlink(entry / "cwd")]
-            links += [os.readlink(fd) for fd in (entry / "fd").iterdir()]
-        except OSError:
-            return False
-        return any(link == inside or link.startswith(f"{inside}/") for link in links)
+        a Debian root those in it that hold a file of this lab (cli.lab.processes)."""
+        return tagged_pids(self.root, LAB_TAG_ENV, self.debian_root())
 
     def down(self, timeout: float = 15.0) -> None:
         """Cancel jobs, stop every daemon by PID, then sweep anything left with our tag."""
@@ -777,8 +608,8 @@ class Lab:
                 ],
                 check=False,
             )
-        self._terminate(self.daemon_pids(), timeout)
-        self._terminate(self.tagged_pids(), timeout)
+        terminate(self.daemon_pids(), timeout)
+        terminate(self.tagged_pids(), timeout)
         self.layout.munge_socket.unlink(missing_ok=True)
         root = self.debian_root()
         if root is not None:  # the last lab using the root unmounts it
@@ -786,20 +617,6 @@ class Lab:
                 root.release_use(self.root)
             except RootError as exc:
                 raise LabError(f"Slurm {self.release()}: {exc}") from None
-
-    @staticmethod
-    def _terminate(pids: list[int], timeout: float) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            try:
-                wait_for(
-                    "processes to exit", lambda: not any(pid_alive(p) for p in pids), timeout / 2
-                )
-                return
-            except LabError:
-                continue
 
     # ---- nodes -------------------------------------------------------------------------
 
@@ -810,9 +627,9 @@ class Lab:
         had_healthd = name in self.healthd_pids()
         if had_healthd:  # a reboot stops every service; its memory (buffered XIDs) is gone
             self.stop_healthd(name)
-        pid = slurmd_pid or _read_pid(node.slurmd_pid)
+        pid = slurmd_pid or read_pid(node.slurmd_pid)
         if pid:
-            self._terminate([pid], timeout)
+            terminate([pid], timeout)
         before = scenario_mod.read_scenario(node.scenario)
         kmsg = node.host_root / "dev/kmsg"
         kmsg.write_text("")  # a new boot starts a new kernel ring buffer
@@ -870,7 +687,7 @@ class Lab:
             make_gpu_devices(node.host_root / "dev", state.spec.gpus_per_node)
             shutil.rmtree(node.state_dir, ignore_errors=True)
             node.state_dir.mkdir(parents=True)
-            pid = _read_pid(node.slurmd_pid)
+            pid = read_pid(node.slurmd_pid)
             if not (pid and pid_alive(pid)):
                 self.start_slurmd(name)
 
@@ -879,7 +696,7 @@ class Lab:
             # the node broken and drains it with Medic's reason after this resumed it; with
             # no daemon to give it back, the next test's fault met the drain cap (a CI run
             # waited 480 s). Settled only once none is running, its drains resumed below.
-            if self.health_checks_running():
+            if health_check_running(self.tagged_pids()):
                 return False
             active = [str(j["job_id"]) for j in self.active_jobs()]
             if active:  # e.g. requeued by a hook while the first scancel ran

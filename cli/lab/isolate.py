@@ -18,7 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from cli.lab.cluster import Lab, LabError, _read_pid, pid_alive
+from cli.lab.cluster import Lab, LabError, pid_alive
+from cli.lab.processes import read_pid, terminate
 from cli.lab.slurm_conf import render_gres_conf, render_slurm_conf
 
 
@@ -57,9 +58,9 @@ def apply(lab: Lab, node: str, keep: list[int] | None, timeout: float = 30.0) ->
     overrides_file.write_text(json.dumps(overrides))
     # slurmd down first: a slurmd that still reports the old GPUs to the new controller
     # (fewer than it is told) would have the node set INVAL and drained.
-    pid = _read_pid(layout.node(node).slurmd_pid)
+    pid = read_pid(layout.node(node).slurmd_pid)
     if pid and pid_alive(pid):
-        Lab._terminate([pid], timeout / 2)
+        terminate([pid], timeout / 2)
     lab.stop_slurmctld(timeout / 2)
     lab.start_slurmctld()
     lab.start_slurmd(node)
