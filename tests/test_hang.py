@@ -598,7 +598,7 @@ def answer(monkeypatch: pytest.MonkeyPatch, slurm: FakeSlurm, hang: Hang) -> tup
 
     daemon: Any = Daemon()
     daemon.store = store
-    monkeypatch.setattr(actions, "slurm_client", lambda config, settings: slurm)
+    monkeypatch.setattr(actions, "slurm_client", lambda config, settings, **_: slurm)
     thread = ladder_thread.LadderThread(daemon, ladder=None, episodes=None)  # type: ignore[arg-type]
     monkeypatch.setattr(thread.seen, "wrap", lambda client: client)
     return thread.respond_hang(hang), store

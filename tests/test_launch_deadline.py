@@ -161,7 +161,11 @@ def test_front_and_prolog_return_within_the_budget_with_a_hung_daemon(
     done, took = timed([str(front)], hook_env(tmp_path, config))
     assert done.returncode == 0, done.stderr
     assert took < budget + MARGIN, f"{took:.2f}s against a {budget}s budget"
-    assert hung.requests[0] == {"op": "launch", "fresh_only": True, "job_id": "42"}
+    # The front also names the job's partition and account (empty: not set in this test),
+    # for [hooks] skip_launch_partitions / skip_launch_accounts.
+    assert hung.requests[0] == {
+        "op": "launch", "fresh_only": True, "job_id": "42", "partition": "", "account": ""
+    }  # fmt: skip
 
 
 def test_without_the_front_a_hung_daemon_is_unknown_at_the_deadline(
