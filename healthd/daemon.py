@@ -37,7 +37,7 @@ from healthd.config_check import validate_config
 from healthd.gpu_plumbing import GpuPlumbing, start_gpu_plumbing
 from healthd.jobs import SpoolJobState
 from healthd.kmsg_watch import KmsgWatcher
-from healthd.ladder_thread import LadderThread, attach_ladder, keep_in_journal
+from healthd.ladder_thread import LadderThread, attach_ladder
 from healthd.launch_gate import LaunchGate
 from healthd.link_watch import Judged, LinkWatch
 from healthd.metrics import DaemonMetrics
@@ -48,6 +48,7 @@ from healthd.wakeup import Wakeup
 from healthd.watchdog import Heartbeat, Watchdog
 from healthd.xid_listener import EventKind, GpuEvent
 from medic_core.config import ConfigError, MedicConfig, load_config
+from medic_core.journal import keep_in_journal
 from medic_core.settings import DaemonSettings
 from medic_core.store import (
     ConditionChange,

@@ -32,6 +32,7 @@ from healthd.observing import automatic_slurm, observe_only
 from healthd.results import finding_of
 from healthd.slurm_seen import SlurmSeen
 from medic_core.config import MedicConfig
+from medic_core.journal import keep_in_journal
 from medic_core.settings import (
     DaemonSettings,
     HookSettings,
@@ -568,21 +569,6 @@ def _same_fault(fault: Result, faults: Sequence[Result]) -> bool:
 
 def _classes(faults: Sequence[Result]) -> str:
     return ", ".join(sorted({f.fault_class or f.check for f in faults}))
-
-
-def keep_in_journal(config: MedicConfig, at: dt.datetime, event: dict[str, Any], why: str) -> None:
-    """The node's write-ahead journal (medic_core.journal) keeps an event the store refused;
-    the daemon replays it when the store takes writes again."""
-    from medic_core import journal
-
-    first = why[:200]
-    record = {k: (str(v) if k == "severity" else v) for k, v in event.items()}
-    try:
-        kept = journal.write_ahead(config.paths, config.node_name, record, at)
-    except journal.JournalFull as exc:
-        log.error("event %s lost: the store refused it (%s) and %s", event.get("kind"), first, exc)
-        return
-    log.warning("event %s kept in %s: the store refused it (%s)", event.get("kind"), kept, first)
 
 
 def attach_ladder(daemon: LadderDaemon) -> LadderThread:

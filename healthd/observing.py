@@ -4,23 +4,32 @@ and where what they would have done is recorded."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from medic_core.config import MedicConfig
+from medic_core.journal import keep_in_journal
 from medic_core.settings import HookSettings, RemediationSettings
 from medic_core.slurm import SlurmClient
-from medic_core.store import Severity
-
-if TYPE_CHECKING:
-    from healthd.ladder_thread import LadderDaemon
+from medic_core.store import Severity, Store
 
 
-def observe_only(daemon: LadderDaemon) -> bool:
+class ObservedDaemon(Protocol):
+    """What observe-only needs of the daemon (healthd.ladder_thread.LadderDaemon is one)."""
+
+    node: str
+    store: Store
+
+    @property
+    def config(self) -> MedicConfig: ...
+
+
+def observe_only(daemon: ObservedDaemon) -> bool:
     """`[remediation] observe_only` as the daemon's configuration says now (a reload
     switches it at the next change)."""
     return RemediationSettings.from_config(daemon.config).observe_only
 
 
-def automatic_slurm(daemon: LadderDaemon, hooks: HookSettings, actor: str) -> SlurmClient:
+def automatic_slurm(daemon: ObservedDaemon, hooks: HookSettings, actor: str) -> SlurmClient:
     """The daemon's Slurm client for `actor`'s automatic changes: with observe-only on,
     recorded as what it would have done (remediation.observe), into the store or, when it
     refuses them, the node's journal."""
@@ -32,8 +41,6 @@ def automatic_slurm(daemon: LadderDaemon, hooks: HookSettings, actor: str) -> Sl
             fields = {**event, "severity": Severity(event["severity"])}
             daemon.store.add_event(node=daemon.node, at=at, **fields)
         except Exception as exc:  # the store: down, full, read-only
-            from healthd.ladder_thread import keep_in_journal
-
             keep_in_journal(daemon.config, at, event, (str(exc).strip() or type(exc).__name__))
 
     return slurm_client(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import secrets
 import time
@@ -25,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from medic_core.config import NodePaths
+from medic_core.config import MedicConfig, NodePaths
+
+# keep_in_journal speaks for the daemon, as it did from healthd.ladder_thread.
+daemon_log = logging.getLogger("medic.healthd")
 
 JOURNAL = "journal"
 SUFFIX = ".json"
@@ -201,3 +205,20 @@ def replay(
         done += 1
     left = len(pending(paths))
     return Replay(done, left, aside, stopped)
+
+
+def keep_in_journal(config: MedicConfig, at: dt.datetime, event: dict[str, Any], why: str) -> None:
+    """The node's write-ahead journal keeps an event the store refused;
+    the daemon replays it when the store takes writes again."""
+    first = why[:200]
+    record = {k: (str(v) if k == "severity" else v) for k, v in event.items()}
+    try:
+        kept = write_ahead(config.paths, config.node_name, record, at)
+    except JournalFull as exc:
+        daemon_log.error(
+            "event %s lost: the store refused it (%s) and %s", event.get("kind"), first, exc
+        )
+        return
+    daemon_log.warning(
+        "event %s kept in %s: the store refused it (%s)", event.get("kind"), kept, first
+    )

@@ -26,7 +26,7 @@ from remediation.burn_in_marker import refusal
 from remediation.decide import GateDecision
 from remediation.decide import decide_launch as decide
 from remediation.observe import observed_gate
-from slurm_hooks.prolog import job_place
+from slurm_hooks.job_place import job_place
 
 # remediation.burn_in.CONDITION, spelt out: that module costs the prolog ~7 ms to import.
 BURN_IN_CONDITION = "burn_in"

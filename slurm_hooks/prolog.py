@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from typing import Any
@@ -66,24 +65,11 @@ def _reply_from_front() -> dict[str, Any] | None:
     return reply if isinstance(reply, dict) and "stale" not in reply else None
 
 
-JOB_WORD = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
-
-def job_place() -> dict[str, str]:
-    """The job's partition and account as slurmd sets them for the Prolog (the job cannot
-    set its own), as the compiled front sends them: 1-64 of letters, digits, _ - and .,
-    else "". `[hooks] skip_launch_partitions` and `skip_launch_accounts` match them."""
-    place = {}
-    for key in ("partition", "account"):
-        value = os.environ.get(f"SLURM_JOB_{key.upper()}", "")
-        place[key] = value if JOB_WORD.fullmatch(value) else ""
-    return place
-
-
 def main() -> int:
     started = launch_started(LOADED)
     from medic_core.api import HealthdUnavailable, ask
     from medic_core.config import ConfigError, load_config
+    from slurm_hooks.job_place import job_place
 
     job_id = os.environ.get("SLURM_JOB_ID", "")
     try:

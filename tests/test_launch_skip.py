@@ -19,7 +19,7 @@ from medic_core import proc
 from medic_core.config import ConfigError, NodePaths
 from medic_core.settings import HookSettings
 from medic_core.typed_config import parse_table
-from slurm_hooks.prolog import job_place
+from slurm_hooks.job_place import job_place
 from tests.test_gate_recorder import GatedStore, gate_events, make_gate, paths, store  # noqa: F401
 from tests.test_hook_front import FakeDaemon, daemon, front  # noqa: F401
 
