@@ -448,8 +448,7 @@ class HealthDaemon:
         return self._store_event(at, record, store_up)
 
     def _store_event(self, at: dt.datetime, record: dict[str, Any], store_up: bool) -> bool:
-        """Into the store (True), or the node's journal when it is down (replayed once it
-        is back)."""
+        """Into the store (True), or the node's journal when it is down (replayed once back)."""
         if store_up:
             try:
                 self.store.add_event(node=self.node, at=at, **record)
