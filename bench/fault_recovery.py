@@ -24,6 +24,7 @@ import random
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +50,26 @@ def back_in_service(lab: Lab, name: str) -> bool:
     return "DRAIN" not in n["state_flags"] and state in ("IDLE", "MIXED", "ALLOCATED")
 
 
-def one_run(lab: Lab, xid: int) -> tuple[float, float, float]:
+@dataclass
+class RunTimes:
+    """Seconds from the fault (t0) to each stage of one run."""
+
+    drained: float
+    requeued: float  # Slurm shows the job PENDING with one more restart
+    eligible: float  # no longer waiting on its BeginTime (Medic's releaser cleared it)
+    running_again: float  # squeue says RUNNING (the prolog may still run)
+    script_started: float  # the job's own script wrote its mark on the new node
+    back_in_service: float
+
+
+def one_run(lab: Lab, xid: int) -> RunTimes:
     started = lab.root / f"bench-{time.monotonic_ns()}.started"
     script = f"touch {started}; sleep 600"
     out = lab.slurm(["sbatch", "--parsable", "--resilient=5", "-N1", "--wrap", script])
     job_id = out.stdout.strip().split(";")[0]
     # squeue says RUNNING while the prolog still runs: the script's own mark says it started.
     wait_for("job running", started.exists, 30, 0.02)
+    started.unlink()
     victim = squeue_job(lab, job_id)["nodes"]
     restarts = squeue_job(lab, job_id)["restart_cnt"]
     t0 = time.monotonic()
@@ -67,13 +81,26 @@ def one_run(lab: Lab, xid: int) -> tuple[float, float, float]:
 
     wait_for("drained", drained, 30, 0.02)
     t_drained = time.monotonic() - t0
+    # One poll of squeue a loop (~10-20 ms each) marks each stage the first time it is seen.
+    seen: dict[str, float] = {}
 
     def running_again() -> bool:
         j = squeue_job(lab, job_id)
-        return bool(j["job_state"] == "RUNNING" and j["restart_cnt"] > restarts)
+        now = time.monotonic() - t0
+        again = j["restart_cnt"] > restarts
+        waiting = j["job_state"] == "PENDING" and j.get("state_reason") == "BeginTime"
+        if again:  # COMPLETING while its old steps end, then PENDING on its BeginTime
+            seen.setdefault("requeued", now)
+        if waiting:
+            seen.setdefault("waiting", now)
+        elif "waiting" in seen:
+            seen.setdefault("eligible", now)
+        return bool(again and j["job_state"] == "RUNNING")
 
-    wait_for("running again", running_again, 120, 0.05)
+    wait_for("running again", running_again, 120, 0.02)
     t_running = time.monotonic() - t0
+    wait_for("script started again", started.exists, 60, 0.02)
+    t_script = time.monotonic() - t0
     # The ladder repairs the node and resumes it by itself: reset or reboot, re-qualify.
     wait_for("node back in service", lambda: back_in_service(lab, victim), 180, 0.1)
     t_back = time.monotonic() - t0
@@ -84,12 +111,17 @@ def one_run(lab: Lab, xid: int) -> tuple[float, float, float]:
         left = json.loads(lab.slurm(["squeue", "--json", "--jobs", job_id]).stdout)["jobs"]
         states = [(j["job_state"], j.get("nodes"), j.get("state_reason")) for j in left]
         raise LabError(f"{exc}: job {job_id} is {states}") from exc
-    print(
-        f"xid {xid} on {victim}: drained {t_drained:.2f} s, running again {t_running:.2f} s,"
-        f" back in service {t_back:.2f} s",
-        file=sys.stderr,
+    times = RunTimes(
+        drained=t_drained,
+        requeued=seen.get("requeued", t_running),
+        eligible=seen.get("eligible", t_running),
+        running_again=t_running,
+        script_started=t_script,
+        back_in_service=t_back,
     )
-    return t_drained, t_running, t_back
+    stages = ", ".join(f"{k} {v:.2f} s" for k, v in asdict(times).items())
+    print(f"xid {xid} on {victim}: {stages}", file=sys.stderr)
+    return times
 
 
 def squeue_job_gone(lab: Lab, job_id: str) -> bool:
@@ -97,13 +129,23 @@ def squeue_job_gone(lab: Lab, job_id: str) -> bool:
     return all(j["job_state"] not in ("RUNNING", "PENDING", "COMPLETING") for j in jobs)
 
 
-def measure(runs: int, seed: int = 1) -> dict[str, object]:
+def measure(
+    runs: int, seed: int = 1, release: str = "22.05", scheduler: str | None = None
+) -> dict[str, object]:
     rng = random.Random(seed)
     paths = {"reboot_path_xid79": 79, "reset_path_xid95": 95}
-    figures: dict[str, object] = {"benchmark": "fault_recovery", "runs": runs}
+    spec = LabSpec(nodes=5, slurm=release)
+    if scheduler is not None:
+        spec = replace(spec, scheduler_parameters=scheduler)
+    figures: dict[str, object] = {
+        "benchmark": "fault_recovery",
+        "runs": runs,
+        "slurm": release,
+        "scheduler_parameters": spec.scheduler_parameters or "(Slurm's defaults)",
+    }
     with tempfile.TemporaryDirectory(prefix="medic-bench-") as tmp:
         lab = Lab(Path(tmp))
-        lab.up(LabSpec(nodes=5))
+        lab.up(spec)
         try:
             # The same fault on node after node, run after run, is exactly what the lemon
             # and fleet-wide rails stop; this measures the repair path, so they step aside.
@@ -113,16 +155,12 @@ def measure(runs: int, seed: int = 1) -> dict[str, object]:
             for name in lab.node_names():
                 lab.start_healthd(name)
             for label, xid in paths.items():
-                drained, running, back = [], [], []
-                for _ in range(runs):
-                    d, r, b = one_run(lab, xid)
-                    drained.append(d)
-                    running.append(r)
-                    back.append(b)
+                runs_seen = [one_run(lab, xid) for _ in range(runs)]
                 figures[label] = {
-                    "fault_to_drained": described(drained, rng, unit="s"),
-                    "fault_to_job_running_again": described(running, rng, unit="s"),
-                    "fault_to_node_back_in_service": described(back, rng, unit="s"),
+                    f"fault_to_{stage}": described(
+                        [getattr(r, stage) for r in runs_seen], rng, unit="s"
+                    )
+                    for stage in asdict(runs_seen[0])
                 }
         finally:
             lab.down()
@@ -134,8 +172,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20, help="per path (p90 needs 20)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--slurm", default="22.05", help="the lab's release (22.05, 24.11, 26.05)")
+    parser.add_argument(
+        "--scheduler",
+        help="slurm.conf SchedulerParameters ('' for Slurm's defaults; default: the lab's)",
+    )
     args = parser.parse_args()
-    print(json.dumps(measure(args.runs, args.seed)))
+    print(json.dumps(measure(args.runs, args.seed, args.slurm, args.scheduler)))
 
 
 if __name__ == "__main__":

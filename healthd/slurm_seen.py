@@ -134,5 +134,8 @@ class _Recording:
     def start_now(self, job_id: str) -> None:
         self.client.start_now(job_id)
 
+    def controller_time(self) -> int:
+        return self.client.controller_time()
+
     def set_admin_comment(self, job_id: str, text: str) -> None:
         self.client.set_admin_comment(job_id, text)

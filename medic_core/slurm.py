@@ -5,16 +5,9 @@ release, comment. `CliSlurm` reads the node table with `sinfo --json`, one node 
 through medic_core.proc with a timeout, and a failure raises SlurmError carrying Slurm's own
 one-line message.
 
-Slurm's JSON layout changes between releases; `meta` says which one a document uses and a
-parser per layout reads it (see docs/slurm-client.md):
-
-* openapi/v0.0.38 (22.05): `state` is one lower-case word plus a `state_flags` list; numbers
-  are plain integers.
-* data_parser v0.0.39 to v0.0.45 (23.02 to 26.05): `state` is a list of upper-case words;
-  times and counters may be `{"set": .., "infinite": .., "number": ..}` objects; from 23.11
-  `sinfo --json` groups nodes, so nodes are read from `scontrol show nodes --json` instead.
-  v0.0.42 (24.11.5) and v0.0.45 (26.05.5) were recorded from Debian's packages: the fields
-  Medic reads have the same names and shapes in both (tests/test_slurm_releases.py).
+Slurm's JSON layout changes between releases (22.05's openapi/v0.0.38, then data_parser
+v0.0.39 to v0.0.45, 23.02 to 26.05): `meta` says which one a document uses and a parser per
+layout reads it; docs/slurm-client.md says what differs.
 """
 
 from __future__ import annotations
@@ -30,6 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from medic_core import proc
+from medic_core.hostlist import expand_hostlist as expand_hostlist  # re-exported
+from medic_core.slurm_clock import parse_sdiag_time
 
 log = logging.getLogger("medic.slurm")
 DEFAULT_BIN_DIRS = (Path("/usr/bin"), Path("/usr/local/bin"), Path("/opt/slurm/bin"))
@@ -153,82 +148,14 @@ class SlurmClient(Protocol):
         """Clear the BeginTime Slurm puts on a requeued job (cred_expire + 1 s)."""
         ...
 
+    def controller_time(self) -> int:
+        """slurmctld's clock in whole seconds: what it stamps credentials with."""
+        ...
+
     def set_admin_comment(self, job_id: str, text: str) -> None:
         """The job's AdminComment (not Comment, which belongs to the user and carries
         the `medic:resilient=N` tag)."""
         ...
-
-
-# --- host lists ------------------------------------------------------------------------------
-
-
-def _split_top(text: str) -> list[str]:
-    """Split on commas outside brackets: "a[1,3],b" -> ["a[1,3]", "b"]."""
-    parts, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p for p in parts if p]
-
-
-# More names than any cluster has: a host list past this is not Slurm's (a user's `-w`, a
-# corrupt answer), and expanding "n[0-99999999999]" would hang whoever asked.
-MAX_HOSTLIST = 100_000
-
-
-def expand_hostlist(hostlist: str) -> list[str]:
-    """Slurm's host list syntax: "n[1-3,7],gpu-a[01-02]-ib" -> n1 n2 n3 n7 gpu-a01-ib ...
-    Zero padding is kept; several bracket groups in one name multiply. ValueError for a list
-    Medic cannot read, or one of more than MAX_HOSTLIST names."""
-    names: list[str] = []
-    _expand(hostlist, names)
-    return names
-
-
-def _size(part: str) -> int:
-    """How many names `part` ("n[1-4]x[01-02]") expands to, without expanding it."""
-    size = 1
-    for ranges in re.findall(r"\[([^\]]+)\]", part):
-        count = 0
-        for item in ranges.split(","):
-            low, _, high = item.partition("-")
-            count += max(0, int(high) - int(low) + 1) if high else 1
-        size *= count
-        if size > MAX_HOSTLIST:
-            break
-    return size
-
-
-def _expand(hostlist: str, names: list[str]) -> None:
-    for part in _split_top(hostlist.strip()):
-        match = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", part)
-        if not match:
-            names.append(part)
-        elif len(names) + _size(part) > MAX_HOSTLIST:
-            raise ValueError(f"host list {part[:40]!r} has more than {MAX_HOSTLIST} names")
-        else:
-            prefix, ranges, rest = match.groups()
-            for item in ranges.split(","):
-                low, _, high = item.partition("-")
-                if not high:
-                    values: Iterable[str] = [low]
-                else:
-                    first, last = int(low), int(high)
-                    if last - first >= MAX_HOSTLIST:
-                        raise ValueError(
-                            f"host list range [{item[:40]}] has more than {MAX_HOSTLIST} names"
-                        )
-                    width = len(low) if low.startswith("0") else 0
-                    values = (str(v).zfill(width) for v in range(first, last + 1))
-                for value in values:
-                    _expand(prefix + value + rest, names)
-                    if len(names) > MAX_HOSTLIST:
-                        raise ValueError(f"host list has more than {MAX_HOSTLIST} names")
-        if len(names) > MAX_HOSTLIST:
-            raise ValueError(f"host list has more than {MAX_HOSTLIST} names")
 
 
 # --- parsing ---------------------------------------------------------------------------------
@@ -739,6 +666,12 @@ class CliSlurm:
 
     def start_now(self, job_id: str) -> None:
         self._run("scontrol", "update", f"jobid={job_id}", "starttime=now")
+
+    def controller_time(self) -> int:
+        second = parse_sdiag_time(self._run("sdiag"))
+        if second is None:
+            raise SlurmError("sdiag printed no 'sdiag output at ... (SECONDS)' line")
+        return second
 
     def set_admin_comment(self, job_id: str, text: str) -> None:
         self._run("scontrol", "update", f"jobid={job_id}", f"admincomment={text}")

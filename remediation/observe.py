@@ -205,6 +205,9 @@ class ObservingSlurm:
         else:
             self.client.start_now(job_id)
 
+    def controller_time(self) -> int:
+        return self.client.controller_time()
+
     def set_admin_comment(self, job_id: str, text: str) -> None:
         # Not a decision of its own: the text (why) goes with the requeue that follows.
         if self.observer.active():

@@ -6,9 +6,11 @@ Priority=0), and delays any requeued job by cred_expire + 1 s (BeginTime); once 
 passed, nothing wakes the main scheduler, so the job waits for the next backfill cycle too
 (bf_interval, 30 s by default). This waits (bounded) for the job to come back PENDING with
 one more restart than `--restarts`, releases it if held, and makes it eligible now; the
-faulty node is drained, so the job lands elsewhere. It waits REVOKE_GRACE after the requeue
-first: a node of the old allocation refuses credentials issued in the second it revoked the
-old one. A job held for any other reason, already running, or never requeued is left alone.
+faulty node is drained, so the job lands elsewhere. It makes it eligible only once
+slurmctld's clock has left the second in which the job was requeued: a node of the old
+allocation refuses a credential issued in the second it revoked the old one, and slurmd
+then kills the job. A job held for any other reason, already running, or never requeued is
+left alone.
 
     python -m slurm_hooks.release --job 1234 --restarts 0
 """
@@ -38,9 +40,46 @@ def held_by_prolog_failure(job: JobInfo) -> bool:
     return job.state == "PENDING" and "launch failed requeued held" in text
 
 
-# Slurm's cred.c: a credential is revoked when `cred->ctime <= j->revoked`, both time_t
-# (whole seconds): a new one issued in the second of the revocation would be refused.
+# Slurm's cred.c: a credential is revoked when `cred->ctime <= j->revoked`, both slurmctld's
+# time_t (whole seconds): a new one issued in the second of the revocation is refused and the
+# job killed. The revocation is stamped while slurmctld handles the requeue, so once its
+# clock reads a later second than it did after the requeue, a new credential is safe.
+# Without slurmctld's clock (sdiag failed), this much of our own: a second and skew to spare.
 REVOKE_GRACE = 2.0
+
+
+class RevocationSecond:
+    """Has slurmctld's clock left the second it read when the job was seen requeued?"""
+
+    def __init__(self, client: SlurmClient) -> None:
+        self.client = client
+        self.seen_at = time.monotonic()
+        self.second = self._controller_second()
+
+    def _controller_second(self) -> int | None:
+        try:
+            return self.client.controller_time()
+        except SlurmError:
+            return None
+
+    def passed(self) -> bool:
+        if self.second is None:
+            return time.monotonic() - self.seen_at >= REVOKE_GRACE
+        now = self._controller_second()
+        if now is None:
+            return time.monotonic() - self.seen_at >= REVOKE_GRACE
+        return now > self.second
+
+    def wait(self, deadline: float, poll: float) -> bool:
+        """Until it has passed or the deadline (monotonic); False: the deadline came first.
+        The first look is at the local clock's next second, where slurmctld's usually is."""
+        if self.second is not None:
+            time.sleep(max(0.0, min(1.0 - time.time() % 1.0 + 0.01, deadline - time.monotonic())))
+        while not self.passed():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)  # slurmctld's clock: there is no event to wait on
+        return True
 
 
 def requeued_for_later(job: JobInfo, restarts_before: int | None) -> bool:
@@ -59,12 +98,11 @@ def release_when_held(
     client: SlurmClient,
     job_id: str,
     wait: float,
-    poll: float = 0.25,
+    poll: float = 0.1,
     restarts_before: int | None = None,
 ) -> tuple[str, str]:
     """(action, one line): action is "released", "made_eligible" or "left_alone"."""
-    started = time.monotonic()
-    deadline = started + wait
+    deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         try:
             jobs = client.jobs([job_id])
@@ -75,10 +113,12 @@ def release_when_held(
         job = jobs[0]
         if held_by_prolog_failure(job):
             client.release(job_id)
+            RevocationSecond(client).wait(deadline, poll)
             client.start_now(job_id)
             return "released", f"job {job_id}: released after Medic refused its node"
-        waited = time.monotonic() - started
-        if requeued_for_later(job, restarts_before) and waited >= REVOKE_GRACE:
+        if requeued_for_later(job, restarts_before):
+            if not RevocationSecond(client).wait(deadline, poll):
+                break
             client.start_now(job_id)
             return "made_eligible", f"job {job_id}: requeued by Medic, made eligible now"
         if job.state in FINAL_STATES:

@@ -351,6 +351,10 @@ class FakeSlurm:
         if job.reason == "BeginTime":
             job.reason = "None"
 
+    def controller_time(self) -> int:
+        self.read("controller_time")
+        return int(self.clock())
+
     def set_admin_comment(self, job_id: str, text: str) -> None:
         self.record("set_admin_comment", job_id, text)
         self._job(job_id).admin_comment = text

@@ -22,6 +22,9 @@ class LabSpec:
     # The Slurm release the lab runs: the host's (22.05) or one from a Debian root
     # (cli/lab/debian_root.py).
     slurm: str = "22.05"
+    # What the main scheduler waits between passes: Slurm's defaults (batch_sched_delay=3 s)
+    # are "" here. The lab's pass at once, as docs/operator-guide.md advises.
+    scheduler_parameters: str = "batch_sched_delay=0,sched_min_interval=0"
 
     def node_names(self) -> list[str]:
         return [f"{self.node_prefix}{i}" for i in range(1, self.nodes + 1)]
@@ -83,7 +86,11 @@ def render_slurm_conf(
         "SlurmdParameters=config_overrides",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
-        "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
+        *(
+            [f"SchedulerParameters={spec.scheduler_parameters}"]
+            if spec.scheduler_parameters
+            else []
+        ),
         "GresTypes=gpu",
         "ReturnToService=2",
         "SlurmdTimeout=30",
