@@ -12,6 +12,7 @@ drained (Medic's reason) until it is idle.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from medic_core.drain_book import ISOLATOR, DrainBook
 from medic_core.drain_reason import drain_if_allowed, format_reason
 from medic_core.settings import IsolationSettings
 from medic_core.slurm import SlurmClient
+from medic_core.slurm_release import gres_change_env
 from remediation import episodes as ep
 from remediation.isolation import (
     APPLIED,
@@ -132,7 +134,10 @@ class Isolator:
         out = record.gpus if record.state == INTENT else ()
         target = plan(record.gpus_total, out)
         argv = target.argv(self.settings.apply, self.node)
-        result = self.run(argv, timeout=self.settings.apply_timeout)
+        # How the new count takes effect on the release Slurm says it is (restart or
+        # reconfigure: medic_core.slurm_release), for the command to follow.
+        env = {**os.environ, **gres_change_env(self.slurm)}
+        result = self.run(argv, timeout=self.settings.apply_timeout, env=env)
         if not result.ok:
             self.event(f"isolation apply failed: {result.describe_failure()}", "CRITICAL")
             raise IsolationError(f"{' '.join(argv)}: {result.describe_failure()}")

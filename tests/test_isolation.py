@@ -189,6 +189,7 @@ class MemorySlurm:
     def __init__(self) -> None:
         self.info = NodeInfo("n1", "IDLE", frozenset(), gres="gpu:8")
         self.applied: list[list[str]] = []
+        self.envs: list[dict[str, str]] = []  # the apply command's environment, each run
         self.fail_apply = False
 
     def node(self, name: str) -> NodeInfo | None:
@@ -200,8 +201,11 @@ class MemorySlurm:
     def resume(self, name: str) -> None:
         self.info = dataclasses.replace(self.info, flags=frozenset(), reason="")
 
-    def run(self, argv: list[str], timeout: float) -> proc.CommandResult:
+    def run(
+        self, argv: list[str], timeout: float, env: dict[str, str] | None = None
+    ) -> proc.CommandResult:
         self.applied.append(argv)
+        self.envs.append(env or {})
         if self.fail_apply:
             return proc.CommandResult(tuple(argv), 1, "", "no such file", 0.01)
         count = 8 - len([g for g in argv[-1].split(",") if g]) if argv[-1] else 8
@@ -252,6 +256,36 @@ def test_isolate_then_restore(store: Store) -> None:
     assert isolator.restore(done, jobs_running=False) == done  # nothing more to undo
 
 
+@pytest.mark.parametrize(
+    ("printed", "change", "release"),
+    [
+        ("slurm 22.05.8", "restart", "22.05.8"),  # reconfigure keeps the old count: INVAL
+        ("slurm-wlm 24.11.5", "reconfigure", "24.11.5"),  # measured: reconfigure takes it
+        ("slurm 26.05.5", "reconfigure", "26.05.5"),
+        ("slurm 24.05.4", "restart", "24.05.4"),  # not measured: the restart, always right
+        ("scontrol: error: no such thing", "restart", None),
+    ],
+)
+def test_the_apply_command_is_told_how_the_release_slurm_reports_takes_the_change(
+    store: Store, tmp_path: Path, printed: str, change: str, release: str | None
+) -> None:
+    slurm, _, isolator, episode = world(store)
+    scontrol = tmp_path / "scontrol"  # what `scontrol version` prints on that release
+    scontrol.write_text(f"#!/bin/sh\necho '{printed}'\n")
+    scontrol.chmod(0o755)
+    vars(slurm).update(bin_dirs=(tmp_path,), env={}, timeout=5.0)  # as a CliSlurm has them
+    isolator.isolate(episode, 8)
+    assert slurm.envs[-1]["MEDIC_GRES_CHANGE"] == change
+    assert slurm.envs[-1].get("MEDIC_SLURM_RELEASE") == release
+
+
+def test_a_client_that_cannot_say_its_release_gets_the_restart(store: Store) -> None:
+    slurm, _, isolator, episode = world(store)  # MemorySlurm: no scontrol to ask
+    isolator.isolate(episode, 8)
+    assert slurm.envs[-1]["MEDIC_GRES_CHANGE"] == "restart"
+    assert "MEDIC_SLURM_RELEASE" not in slurm.envs[-1]
+
+
 def test_a_crash_after_the_intent_applies_the_same_state_once_more(store: Store) -> None:
     slurm, episodes, isolator, episode = world(store)
     slurm.fail_apply = True  # the daemon "dies" here: the intent is on disk, Slurm unchanged
@@ -277,7 +311,7 @@ def test_restore_never_undoes_what_medic_did_not_isolate(store: Store) -> None:
 
 def test_a_slurm_that_never_shows_the_count_is_an_error(store: Store) -> None:
     slurm, episodes, isolator, episode = world(store)
-    slurm.run = lambda argv, timeout: proc.CommandResult(tuple(argv), 0, "", "", 0.0)  # type: ignore[method-assign]
+    slurm.run = lambda argv, timeout, env=None: proc.CommandResult(tuple(argv), 0, "", "", 0.0)  # type: ignore[method-assign]
     isolator.run = slurm.run
     with pytest.raises(IsolationError, match="does not show gpu:7"):
         isolator.isolate(episode, 8)

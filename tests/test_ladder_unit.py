@@ -1170,7 +1170,7 @@ class Gres:
 
         world.slurm.node = node  # type: ignore[method-assign]
 
-    def run(self, argv: Sequence[str], *, timeout: float) -> CommandResult:
+    def run(self, argv: Sequence[str], *, timeout: float, env: object = None) -> CommandResult:
         self.applied.append(list(argv))
         if self.fail:
             return CommandResult(tuple(argv), 1, "", "slurmctld did not restart", 0.1)

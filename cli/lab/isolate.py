@@ -7,20 +7,24 @@ does on Slurm 22.05 to take GPUs out of one node's GRES (or put them back).
 It writes the node's own NodeName line (Gres=gpu:<count>) into slurm.conf and its File= list
 into gres.conf, then stops the node's slurmd, restarts slurmctld and starts the slurmd again
 (22.05 takes a lower count of GPUs with device files from neither `scontrol update` nor
-`scontrol reconfigure`). It sets a state, so running it twice changes nothing more. The
-overrides are kept in etc/gres-keep.json; `medic lab up` starts without any.
+`scontrol reconfigure`); with MEDIC_GRES_CHANGE=reconfigure (Medic's isolator sets it on
+24.11 and later) `scontrol reconfigure` in place of the restart. It sets a state, so running
+it twice changes nothing more. The overrides are kept in etc/gres-keep.json; `medic lab up`
+starts without any.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from cli.lab.cluster import Lab, LabError, pid_alive
 from cli.lab.processes import read_pid, terminate
 from cli.lab.slurm_conf import render_gres_conf, render_slurm_conf
+from medic_core.slurm_release import GRES_CHANGE_ENV, RECONFIGURE, RESTART
 
 
 def parse_keep(text: str, gpus: int) -> list[int] | None:
@@ -38,7 +42,9 @@ def parse_keep(text: str, gpus: int) -> list[int] | None:
     return sorted(keep)
 
 
-def apply(lab: Lab, node: str, keep: list[int] | None, timeout: float = 30.0) -> None:
+def apply(
+    lab: Lab, node: str, keep: list[int] | None, timeout: float = 30.0, change: str = RESTART
+) -> None:
     state = lab.state()
     layout = lab.layout
     lab.node(node)  # refuses a node the lab does not have
@@ -61,8 +67,11 @@ def apply(lab: Lab, node: str, keep: list[int] | None, timeout: float = 30.0) ->
     pid = read_pid(layout.node(node).slurmd_pid)
     if pid and pid_alive(pid):
         terminate([pid], timeout / 2)
-    lab.stop_slurmctld(timeout / 2)
-    lab.start_slurmctld()
+    if change == RECONFIGURE:  # 24.11+: slurmctld re-executes itself and takes the count
+        lab.slurm(["scontrol", "reconfigure"], timeout=timeout / 2)
+    else:
+        lab.stop_slurmctld(timeout / 2)
+        lab.start_slurmctld()
     lab.start_slurmd(node)
 
 
@@ -75,12 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     lab = Lab(args.lab_root)
     try:
         keep = parse_keep(args.keep, lab.state().spec.gpus_per_node)
-        apply(lab, args.node, keep)
+        # Medic's isolator says how this release takes the change (medic_core.slurm_release).
+        change = os.environ.get(GRES_CHANGE_ENV, RESTART)
+        apply(lab, args.node, keep, change=change)
     except (ValueError, LabError) as exc:
         print(f"cli.lab.isolate: {exc}", file=sys.stderr)
         return 2
     shown = "every GPU" if keep is None else f"GPUs {args.keep}"
-    print(f"{args.node}: GRES lists {shown}; slurmctld and slurmd restarted")
+    done = "slurmctld reconfigured" if change == RECONFIGURE else "slurmctld restarted"
+    print(f"{args.node}: GRES lists {shown}; {done}, slurmd restarted")
     return 0
 
 
