@@ -41,10 +41,14 @@ def lab_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     # MEDIC_LAB_SLURM=24.11 runs the lab tests on that release (cli/lab/debian_root.py).
     release = os.environ.get("MEDIC_LAB_SLURM", LabSpec.slurm)
     lab.up(LabSpec(slurm=release))  # each test worker (pytest-xdist) runs a lab of its own
+    if release != LabSpec.slurm:  # a test's own CliSlurm takes the release's scontrol too
+        os.environ["MEDIC_SLURM_BIN"] = str(lab.layout.slurm_bin)
     try:
         yield lab
     finally:
         lab.down()
+        if release != LabSpec.slurm:
+            os.environ.pop("MEDIC_SLURM_BIN", None)
 
 
 @pytest.fixture

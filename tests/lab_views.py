@@ -6,7 +6,9 @@ import json
 from typing import Any
 
 from cli.lab.cluster import Lab
+from cli.lab.debian_root import HOST_RELEASE
 from medic_core.drain_reason import is_medic_reason
+from medic_core.slurm import parse_jobs
 
 
 def node_info(lab: Lab, name: str) -> dict[str, Any]:
@@ -19,9 +21,16 @@ def drained_by_medic(lab: Lab, name: str) -> bool:
 
 
 def job(lab: Lab, job_id: str) -> dict[str, Any]:
+    """The job as 22.05's `squeue --json` prints it (`job_state` one word), finished or not:
+    24.11 and 26.05 list a finished job only with --states=all, and print states as lists."""
+    newer = lab.release() != HOST_RELEASE
+    text = lab.slurm(["squeue", "--json", *(["--states=all"] if newer else [])]).stdout
     # squeue --json ignores --jobs in 22.05: filter here.
-    every = json.loads(lab.slurm(["squeue", "--json"]).stdout)["jobs"]
+    every = json.loads(text)["jobs"]
     found: dict[str, Any] = next(j for j in every if str(j["job_id"]) == job_id)
+    if newer:
+        state = next(j.state for j in parse_jobs(text) if j.job_id == job_id)
+        found = {**found, "job_state": state}
     return found
 
 
