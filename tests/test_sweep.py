@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -144,7 +145,10 @@ def test_gres_request(gres: str, wanted: str | None) -> None:
 
 
 def _medic(lab: Lab) -> str:
-    return str(lab.venv_bin / "medic")
+    # On 24.11/26.05 the lab's venv is its Debian root's: the admin's sweep runs on the host.
+    return str(
+        (lab.venv_bin if lab.debian_root() is None else Path(sys.executable).parent) / "medic"
+    )
 
 
 def _sweep(lab: Lab, *args: str, timeout: float = 300) -> proc.CommandResult:
