@@ -542,7 +542,8 @@ class SweepSettings:
     @classmethod
     @per_config
     def from_config(cls, config: MedicConfig) -> SweepSettings:
-        return parse_table(cls, config.table("sweep"), prefix="sweep", source=config.source)
+        table = {k: v for k, v in config.table("sweep").items() if k != "pairs"}  # its own
+        return parse_table(cls, table, prefix="sweep", source=config.source)
 
 
 @dataclass(frozen=True, kw_only=True)
