@@ -92,16 +92,25 @@ class _Reporter:
     help="Most of each partition held at once (default: [sweep] share, 0.05).",
 )
 @click.option("--dry-run", is_flag=True, help="Show the plan (risk order, caps); take nothing.")
+@click.option(
+    "--pairs",
+    is_flag=True,
+    help="Pair tests: NCCL all-reduce and IB bandwidth per pair of nodes; name the bad node.",
+)
 @json_option
 def run(
     config_path: Path | None,
     partition: str | None,
     share: float | None,
     dry_run: bool,
+    pairs: bool,
     as_json: bool,
 ) -> None:
     """Deep-check idle nodes, riskiest first, holding at most --share of each partition;
     resumes a sweep that was interrupted. Exit 75 when another sweep is running."""
+    if pairs:
+        _run_pairs(config_path, partition, share, dry_run, as_json)
+        return
     from medic_core.store import StoreError, open_configured_store
     from remediation.sweep import SweepBusy, Sweeper, SweepSlurm
 
@@ -141,6 +150,54 @@ def run(
     verb = "resumed and finished" if report.resumed else "finished"
     click.echo(f"sweep {report.sweep_id} {verb} in {report.seconds:.1f}s: {report.message}")
     _table(report.nodes)
+
+
+def _run_pairs(
+    config_path: Path | None,
+    partition: str | None,
+    share: float | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    from medic_core.pair_settings import PairSettings
+    from medic_core.store import StoreError, open_configured_store
+    from remediation.sweep import SweepBusy
+    from remediation.sweep.pair_jobs import PairSlurm
+    from remediation.sweep.pair_runner import PairSweeper
+
+    config = load(config_path)
+    settings = _settings(config)
+    try:
+        pair_settings = PairSettings.from_config(config)
+        slurm = slurm_client(config)
+        store = open_configured_store(config)
+    except (SlurmError, ConfigError, StoreError) as exc:
+        raise AdminError(
+            "cannot start the pair sweep", str(exc), "check [sweep.pairs], [slurm] and [store]"
+        ) from exc
+    client = PairSlurm(env=slurm.env, timeout=settings.slurm_timeout, bin_dirs=slurm.bin_dirs)
+    reporter = _Reporter(quiet=as_json)
+    try:
+        with store:
+            report = PairSweeper(config, store, client, settings, pair_settings, reporter).run(
+                partition, share, dry_run
+            )
+    except SweepBusy as exc:
+        raise AdminError("another sweep is running", str(exc), "", EXIT_BUSY) from exc
+    except SlurmError as exc:
+        raise AdminError("the pair sweep stopped", str(exc), "fix Slurm and run again") from exc
+    finally:
+        reporter.close()
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+        return
+    click.echo(
+        f"pair sweep in {report.seconds:.1f}s over {len(report.nodes)} nodes: {report.message}"
+    )
+    for r in report.results:
+        click.echo(f"  round {r.round}  {r.a}+{r.b:<12} {r.outcome:<12} {r.why}")
+    for node, what in report.handed.items():
+        click.echo(f"  {node}: named bad; {what}")
 
 
 def _table(nodes: tuple[SweepNode, ...] | list[SweepNode]) -> None:
@@ -208,3 +265,19 @@ def probe_command(checks: tuple[str, ...], timeout: float) -> None:
     from healthd.inline import deep_probe
 
     click.echo(json.dumps(deep_probe(config, checks, timeout)))
+
+
+@sweep.command("pair-probe", hidden=True)
+@click.option("--test", "tests", multiple=True, help="A pair test to run (default: all).")
+@click.option("--nodes", required=True, help="The pair, first node first (the IB server).")
+def pair_probe_command(tests: tuple[str, ...], nodes: str) -> None:
+    """One node's side of a pair test; prints one JSON line (run by `sweep run --pairs`)."""
+    try:
+        config = load_config()
+        from cli.sweep_pairs import pair_probe
+
+        doc = pair_probe(config, tests, [n for n in nodes.split(",") if n])
+    except ConfigError as exc:
+        click.echo(f"medic sweep pair-probe: {exc}", err=True)
+        raise SystemExit(EXIT_USAGE) from exc
+    click.echo(json.dumps(doc))

@@ -23,6 +23,7 @@ from healthd.checks.base import CheckConfig
 from healthd.checks.command import CommandCheckConfig
 from medic_core.config import ConfigError, MedicConfig, shown
 from medic_core.inventory import FleetSettings
+from medic_core.pair_settings import PairSettings
 from medic_core.settings import (
     BurnInSettings,
     DaemonSettings,
@@ -110,6 +111,7 @@ def config_problems(config: MedicConfig) -> list[ConfigError]:
     parsed(lambda: BurnInSettings.from_config(config))
     parsed(lambda: EvidenceSettings.from_config(config))
     parsed(lambda: SweepSettings.from_config(config))
+    parsed(lambda: PairSettings.from_config(config))
     parsed(lambda: WebhookSettings.from_config(config))
     parsed(lambda: checked_store_url(config))
     parsed(lambda: FleetSettings.from_config(config))
