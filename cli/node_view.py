@@ -16,6 +16,8 @@ The words, the first that applies:
                  is open while Slurm has the node in service (stuck), or an RMA episode has
                  no ticket left
     repairing    an open episode, the node out of service (or Slurm not asked)
+    user_problem drained by post-job hygiene: what a job left survived SIGKILL (no
+                 hardware fault); given back by itself once clean
     drained      out of service, no episode of Medic's (an admin's drain, DOWN, ...)
     unhealthy    a condition WARN, CRITICAL or UNKNOWN, no episode, in service
     silent       its medic-healthd has not written for SILENT_AFTER
@@ -31,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from medic_core.drain_reason import is_user_problem_reason
 from medic_core.status import Status
 from medic_core.store_reader import Reader, placeholders, reader_of
 from remediation import episode_types as ep
@@ -57,13 +60,14 @@ PAUSED = "paused"
 WAITING_CAP = "waiting_cap"
 NEEDS_HUMAN = "needs_human"
 REPAIRING = "repairing"
+USER_PROBLEM = "user_problem"
 DRAINED = "drained"
 UNHEALTHY = "unhealthy"
 SILENT = "silent"
 NO_DATA_WORD = "no_data"
 OK = "ok"
-WORDS = (RMA, PAUSED, WAITING_CAP, NEEDS_HUMAN, REPAIRING, DRAINED, UNHEALTHY, SILENT,
-         NO_DATA_WORD, OK)  # fmt: skip
+WORDS = (RMA, PAUSED, WAITING_CAP, NEEDS_HUMAN, REPAIRING, USER_PROBLEM, DRAINED, UNHEALTHY,
+         SILENT, NO_DATA_WORD, OK)  # fmt: skip
 QUIET_WORDS = frozenset({OK, NO_DATA_WORD})  # nothing for a human to look at
 # What a summary line calls the nodes with each word.
 PHRASES = {
@@ -72,6 +76,7 @@ PHRASES = {
     WAITING_CAP: "waiting for the drain cap",
     NEEDS_HUMAN: "waiting for a human",
     RMA: "in RMA",
+    USER_PROBLEM: "drained for a user problem",
 }
 _SEVERITY = {s.value: s.severity for s in Status}
 
@@ -214,6 +219,9 @@ def node_state(slurm: NodeInfo | None, facts: StoreFacts, now: dt.datetime) -> N
     if out_of_service(slurm):
         assert slurm is not None
         state = "+".join([slurm.state, *sorted(slurm.flags)])
+        if facts.drain_record is not None and is_user_problem_reason(facts.drain_record):
+            why = "a job's leftovers survived SIGKILL; given back once clean"
+            return NodeState(USER_PROBLEM, f"{state}: {why}: {slurm.reason}")
         return NodeState(DRAINED, f"{state}: {slurm.reason or 'no reason given'}")
     if facts.health in NOT_OK:
         return NodeState(UNHEALTHY, ", ".join(f.label for f in facts.faults[:3]) or facts.health)
@@ -378,7 +386,8 @@ def summary_counts(states: Iterable[NodeState]) -> str:
     for s in states:
         counts[s.word] = counts.get(s.word, 0) + 1
     parts = [f"{counts.get(REPAIRING, 0)} {PHRASES[REPAIRING]}"]
-    parts += [f"{counts[w]} {PHRASES[w]}" for w in (PAUSED, WAITING_CAP, NEEDS_HUMAN, RMA)
+    parts += [f"{counts[w]} {PHRASES[w]}"
+              for w in (PAUSED, WAITING_CAP, NEEDS_HUMAN, RMA, USER_PROBLEM)
               if counts.get(w)]  # fmt: skip
     return ", ".join(parts)
 

@@ -484,7 +484,7 @@ def report(
     """Where resilient jobs' time went (MTTR by component, ETTR) and the fleet's reliability."""
     if ctx.invoked_subcommand is not None:
         return
-    from cli.report_observed import print_would, would_in  # (not for --help: ~0.1 s)
+    from cli.report_observed import print_sections, would_in  # (not for --help: ~0.1 s)
 
     result = measured(ctx.params)
     would = would_in(ctx.params, result.since, result.until)  # observe-only mode's decisions
@@ -499,7 +499,7 @@ def report(
         click.echo(report_text(result, top, would))
     else:
         print_report(result, top)
-        print_would(would, top)
+        print_sections(ctx.params, result, would, top)  # observe-only's, post-job hygiene
 
 
 # -- what-if -------------------------------------------------------------------------------

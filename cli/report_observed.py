@@ -37,3 +37,13 @@ def print_would(rows: Sequence[Would], top: int) -> None:
         click.echo(line)
     if len(rows) > top:
         click.echo(f"({top} of {len(rows)}; --top for more)")
+
+
+def print_sections(
+    params: Mapping[str, Any], result: Any, would: Sequence[Would], top: int
+) -> None:
+    """The sections after the report's own: this one, then post-job hygiene's."""
+    from cli.report_hygiene import hygiene_rows, print_hygiene
+
+    print_would(would, top)
+    print_hygiene(hygiene_rows(params, result.since, result.until), top)

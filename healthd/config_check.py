@@ -22,6 +22,7 @@ from healthd.checks import load_check_configs
 from healthd.checks.base import CheckConfig
 from healthd.checks.command import CommandCheckConfig
 from medic_core.config import ConfigError, MedicConfig, shown
+from medic_core.hygiene_settings import HygieneSettings
 from medic_core.inventory import FleetSettings
 from medic_core.pair_settings import PairSettings
 from medic_core.settings import (
@@ -115,6 +116,7 @@ def config_problems(config: MedicConfig) -> list[ConfigError]:
     parsed(lambda: WebhookSettings.from_config(config))
     parsed(lambda: checked_store_url(config))
     parsed(lambda: FleetSettings.from_config(config))
+    parsed(lambda: HygieneSettings.from_config(config))
     problems.extend(_slurm_and_lab(config))
     checks: Mapping[str, CheckConfig] | None = parsed(lambda: load_check_configs(config))
     for name, check in (checks or {}).items():

@@ -30,7 +30,7 @@ log = logging.getLogger("medic.healthd")
 
 # What the epilog's job_end runs: the GPUs still there and clean after the job.
 POST_JOB_CHECKS = ("gpu_count", "gpu_xid", "gpu_ecc", "gpu_retired_pages", "gpu_remapped_rows")
-HOOK_EVENT_KINDS = ("gate", "job_summary", "job_action", "observed")
+HOOK_EVENT_KINDS = ("gate", "job_summary", "job_action", "observed", "hygiene")
 GATE_FLUSH = 1.0  # seconds job_summary waits for queued gate decisions to reach the store
 # The gate's rails (open RMA tickets, the drain cap's hold, the GPUs isolation took out) for a
 # verdict that is not CRITICAL come from memory when read within RAILS_MAX_AGE seconds (by the

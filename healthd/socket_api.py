@@ -29,6 +29,7 @@ from healthd.metrics import BoundedServerMixIn, DaemonMetrics
 from healthd.results import result_json
 from healthd.runner import Runner, RunReport
 from healthd.socket_matrix import MATRIX, ROOT_PEER, Caller, Peer, caller_of, refusal
+from medic_core.hygiene_settings import hygiene_on
 from medic_core.settings import DaemonSettings
 from medic_core.store import Store
 from remediation.episodes import EpisodeStore
@@ -219,7 +220,9 @@ class SocketApi:
             if not self.after_jobs.submit(job_id):
                 log.warning("socket: job_end for job %s: the post-job queue is full", job_id)
                 return {"error": f"busy: {self.after_jobs.limit} ended jobs wait for checks"}
-            return {"node": host.node, "job_id": job_id, "queued": True}
+            # "hygiene": the compiled front then execs `medic-epilog --hygiene`.
+            return {"node": host.node, "job_id": job_id, "queued": True,
+                    "hygiene": hygiene_on(self.gate.host.config)}  # fmt: skip
         if op == "check":
             tier = Tier(request["tier"]) if request.get("tier") else None
             names = request.get("checks")

@@ -27,8 +27,9 @@ NODE_NAME_ENVS = ("MEDIC_NODE_NAME", "SLURMD_NODENAME")
 
 # Tables owned by other parts of Medic; each part validates its own table.
 KNOWN_TABLES = frozenset(
-    {"node", "slurm", "lab", "checks", "healthd", "hooks", "store", "remediation", "sweep", "fleet"}
-)
+    {"node", "slurm", "lab", "checks", "healthd", "hooks", "store", "remediation", "sweep",
+     "fleet", "hygiene"}
+)  # fmt: skip
 
 
 # A file larger than this is no configuration (the shipped example is 20 KB), and no key of

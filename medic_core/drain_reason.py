@@ -143,6 +143,24 @@ def is_burn_in_reason(reason: str | None) -> bool:
     return parsed is not None and parsed.fault_class == BURN_IN
 
 
+# The fault class of post-job hygiene's drain (slurm_hooks/hygiene.py): what a job left that
+# survived SIGKILL. The user's problem, not the hardware's: neither capped nor counted by the
+# drain cap, no episode (so no lemon), given back once the node is clean.
+USER_PROBLEM = "user_problem"
+
+
+def is_user_problem_reason(reason: str | None) -> bool:
+    """Medic's post-job hygiene drain: `medic: user_problem <where> ...`."""
+    parsed = parse_reason(reason)
+    return parsed is not None and parsed.fault_class == USER_PROBLEM
+
+
+def is_not_a_fault_reason(reason: str | None) -> bool:
+    """A drain of Medic's that is no hardware fault (burn-in, user_problem): the drain cap's
+    budget does not count it."""
+    return is_burn_in_reason(reason) or is_user_problem_reason(reason)
+
+
 def parse_reason(reason: str | None) -> MedicReason | None:
     """The parts of a Medic reason; None for anyone else's."""
     if not reason or not is_medic_reason(reason):

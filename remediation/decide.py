@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from medic_core.drain_book import as_recorded
-from medic_core.drain_reason import format_reason, is_burn_in_reason
+from medic_core.drain_reason import format_reason, is_not_a_fault_reason
 from medic_core.settings import HookSettings
 from medic_core.slurm import NodeInfo
 from medic_core.status import Status
@@ -483,7 +483,7 @@ def cap_reason(
     node's (`records`: Store.drain_holdings, the open record's reason or None), else from
     the reasons Slurm stores, the one truth every node can read whatever the store (a node
     keeping a store of its own); `pending` adds nodes admitted a moment ago whose drain
-    Slurm does not show yet. A burn-in drain (a node not yet qualified, never a fault) does
+    Slurm does not show yet. A burn-in or user_problem drain (never a hardware fault) does
     not count."""
     held = records or {}
 
@@ -505,7 +505,7 @@ def cap_reason(
             if n.name != node
             and (n.drained or n.down)
             and medics(n)
-            and not is_burn_in_reason(n.reason)
+            and not is_not_a_fault_reason(n.reason)
         }
         ours |= {n.name for n in members if n.name in pending and n.name != node}
         if len(ours) >= cap:

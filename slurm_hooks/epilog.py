@@ -5,6 +5,11 @@ the job's health summary (an event of kind "job_summary": faults seen, XIDs, thi
 on CRITICAL, drains the node with Medic's reason and starts the ladder, as for any fault.
 It always exits 0: Slurm's own "Epilog error" drain would only hide Medic's reason.
 
+With `[hygiene] enabled`, it then cleans what the job left on the node within `[hygiene]
+budget` and drains as `user_problem` what survives SIGKILL (slurm_hooks.hygiene_run); the
+compiled front execs `medic-epilog --hygiene` for that when the daemon's job_end reply says
+so, having told the daemon itself.
+
 When the job registered a node-local checkpoint tier on this node (slurm_hooks.local_tier),
 it also starts the detached sweep that removes it once the job has ended for good (not on a
 requeue). The compiled front execs `medic-epilog --local-tier` for that, having told the
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from medic_core import proc
 from medic_core.api import HealthdUnavailable, ask
@@ -23,6 +29,7 @@ from slurm_hooks import local_tier
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()  # [hygiene] budget counts from here
     args = sys.argv[1:] if argv is None else argv
     job_id = os.environ.get("SLURM_JOB_ID", "")
     try:
@@ -30,16 +37,34 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"medic-epilog: job {job_id}: no post-job checks: {exc}", file=sys.stderr)
         return 0
-    if "--local-tier" not in args:  # else the compiled front told the daemon
+    if "--local-tier" not in args and "--hygiene" not in args:  # else the front told it
         try:
             ask(config.paths.socket, {"op": "job_end", "job_id": job_id}, timeout=5.0)
         except HealthdUnavailable as exc:
             print(f"medic-epilog: job {job_id}: no post-job checks: {exc}", file=sys.stderr)
+    hygiene(config, job_id, started)
     try:
         start_local_tier_sweep(config, job_id)
     except (ConfigError, OSError) as exc:
         print(f"medic-epilog: job {job_id}: node-local checkpoints kept: {exc}", file=sys.stderr)
     return 0
+
+
+def hygiene(config: MedicConfig, job_id: str, started: float) -> None:
+    """Post-job hygiene when `[hygiene] enabled`; never fails the epilog."""
+    from medic_core.hygiene_settings import hygiene_on
+
+    if not hygiene_on(config):
+        return
+    from slurm_hooks.hygiene_run import run_hygiene
+
+    try:
+        outcome = run_hygiene(config, os.environ, started)
+    except (ConfigError, OSError) as exc:
+        print(f"medic-epilog: job {job_id}: no hygiene: {exc}", file=sys.stderr)
+        return
+    if outcome.line:
+        print(f"medic-epilog: job {job_id}: {outcome.line}", file=sys.stderr)
 
 
 def start_local_tier_sweep(config: MedicConfig, job_id: str) -> bool:

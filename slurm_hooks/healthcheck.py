@@ -82,12 +82,13 @@ def health_check(
     from healthd.inline import run_inline
     from medic_core.api import HealthdUnavailable, ask
     from medic_core.drain_book import HOOK, node_book
-    from medic_core.drain_reason import is_medic_reason
+    from medic_core.drain_reason import is_medic_reason, is_user_problem_reason
     from medic_core.status import Status
     from medic_core.vocabulary import Finding, Verdict
     from remediation.actions import drain_through_core
     from remediation.decide import decide_resume
     from remediation.give_back import facts_of, give_back
+    from slurm_hooks.hygiene_watch import resume_if_clean
 
     node = config.node_name
     daemon_up = True
@@ -121,6 +122,9 @@ def health_check(
         return HealthCheckOutcome(daemon_up, "kept", f"medic drain kept{down}")
     # Before the fresh run: a drain kept for a human or an episode is not this program's.
     assert own is not None
+    if is_user_problem_reason(reason):  # post-job hygiene's: given back once clean
+        look = resume_if_clean(config, client, book)
+        return HealthCheckOutcome(daemon_up, look.action, look.message)
     ahead = decide_resume(facts_of(info, own))
     if not ahead.resume:
         return HealthCheckOutcome(daemon_up, "kept", ahead.why)

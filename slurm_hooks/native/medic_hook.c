@@ -27,7 +27,9 @@
  *     when the job registered a node-local checkpoint tier on this node
  *     (<MEDIC_PROGRESS_DIR, else MEDIC_PROGRESS_DEFAULT>/<job>.<SLURMD_NODENAME>.local-tier),
  *     exec `medic-epilog --local-tier` instead, which starts the detached sweep that removes
- *     it once the job has ended for good (slurm_hooks.local_tier).
+ *     it once the job has ended for good (slurm_hooks.local_tier). When the reply says
+ *     "hygiene": true ([hygiene] enabled), exec `medic-epilog --hygiene` instead, which
+ *     cleans what the job left (slurm_hooks.hygiene_run) and then sees to the local tier.
  *
  * The socket is MEDIC_SOCKET, else the path compiled in (MEDIC_SOCKET_DEFAULT, the daemon's
  * default /run/medic/healthd.sock). Every socket call has a timeout.
@@ -165,6 +167,17 @@ static void local_tier(const char *job)
             MEDIC_EPILOG, strerror(errno));
 }
 
+/* `[hygiene] enabled` (the daemon's job_end reply says so): hand over to the Python epilog,
+ * which cleans what the job left and then looks for a node-local tier itself. */
+static void hygiene(const char *job)
+{
+    char *args[] = {(char *)MEDIC_EPILOG, (char *)"--hygiene", NULL};
+
+    execv(MEDIC_EPILOG, args);
+    fprintf(stderr, "medic-epilog: job %s: no hygiene: cannot run %s: %s\n", job, MEDIC_EPILOG,
+            strerror(errno));
+}
+
 static int epilog(const char *path, const char *job)
 {
     char request[128], reply[4096];
@@ -173,6 +186,9 @@ static int epilog(const char *path, const char *job)
     snprintf(request, sizeof request, "{\"op\": \"job_end\", \"job_id\": \"%s\"}\n", job);
     if (ask(path, request, reply, sizeof reply, &why) < 0)
         fprintf(stderr, "medic-epilog: job %s: no post-job checks: %s: %s\n", job, path, why);
+    /* The daemon writes json.dumps(reply): the key and value exactly like this. */
+    else if (*job && strstr(reply, "\"hygiene\": true"))
+        hygiene(job);
     local_tier(job);
     return 0; /* Slurm's own "Epilog error" drain would only hide Medic's reason */
 }
