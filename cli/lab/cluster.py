@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.lab import scenario as scenario_mod
-from cli.lab.debian_root import HOST_RELEASE, MARKER, REPO, DebianRoot, RootError
+from cli.lab.debian_root import HOST_RELEASE, MARKER, REPO, SHARED_DIRS, DebianRoot, RootError
 from cli.lab.host_setup import DAEMONS, ensure_packages, free_port_block, make_gpu_devices
 from cli.lab.host_setup import SYSTEM_PATH as SYSTEM_PATH
 from cli.lab.layout import LabLayout, NodeLayout
@@ -469,6 +469,8 @@ class Lab:
             for path in writable:
                 path.mkdir(parents=True, exist_ok=True)
             prefix, sandbox_env = sandbox_argv(writable, Path(state.sandbox_unit))
+            if self.release() != HOST_RELEASE:  # what a Debian root shares: read-only too
+                sandbox_env["MEDIC_LAB_READONLY"] = " ".join(map(str, (*SHARED_DIRS, REPO)))
             argv, env = [*prefix, *argv], {**env, **sandbox_env}
         pid = proc.spawn(self.in_root(argv), log_path=node.healthd_log, env=env)
         node.healthd_pid.write_text(f"{pid}\n")

@@ -245,7 +245,10 @@ class DebianRoot:
         for source in (*SHARED_DIRS, REPO):
             target = self.path / str(source).lstrip("/")
             shared.append((target, ["mount", "--bind", "--make-rslave", str(source), str(target)]))
-        return [*_system_mounts(self.path), *shared]
+        # The root on itself first (private: nothing mounted in it shows on the host's /):
+        # inside, `/` is then a mount point, which a daemon's sandbox needs (production.py).
+        itself = (self.path, ["mount", "--bind", "--make-private", str(self.path), str(self.path)])
+        return [itself, *_system_mounts(self.path), *shared]
 
     def acquire(self, lab_root: Path) -> None:
         """Mount what the root needs (once for all labs) and record `lab_root` as a user;
@@ -293,7 +296,7 @@ class DebianRoot:
     def mounts_left(self) -> list[str]:
         """Mount points inside the root (from /proc/self/mountinfo)."""
         prefix = str(self.path) + "/"
-        return [point for point in _mount_points() if point.startswith(prefix)]
+        return [p for p in _mount_points() if p == str(self.path) or p.startswith(prefix)]
 
     def enter(self, argv: list[str], cwd: Path | None = None) -> list[str]:
         """`argv` run inside the root, in `cwd` (default /)."""

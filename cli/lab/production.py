@@ -28,13 +28,14 @@ from medic_core import proc
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "medic-healthd.service"
 
-# Mount each writable path on itself (a mount of its own keeps its flags), make `/`
-# read-only, set the umask and exec the rest under setpriv; one process all along (exec),
-# so the daemon's PID is the one spawned.
+# Mount each writable path on itself (a mount of its own keeps its flags), make `/` (and
+# the mounts in $MEDIC_LAB_READONLY: a Debian root's) read-only, set the umask and exec the
+# rest under setpriv; one process all along (exec), so the daemon's PID is the one spawned.
 SANDBOX_SCRIPT = """set -e
 while [ "$1" != "--" ]; do mount --bind "$1" "$1"; shift; done
 shift
 mount -o remount,bind,ro /
+for m in $MEDIC_LAB_READONLY; do mount -o remount,bind,ro "$m"; done
 umask "$MEDIC_LAB_UMASK"
 exec "$@"
 """
