@@ -1,7 +1,8 @@
 """Pair tests through Slurm (issue 26.6): a lab of 6 nodes, n4's HCA slow (injected as the
 lab injects its other faults, cli/lab/pair_tools.py); `medic sweep run --pairs` runs 2-node
 jobs in rounds, names n4 and only n4, hands it to the ladder (drained with Medic's reason)
-and gives every other node back. Prints the rounds and the wall time."""
+and gives every other node back; a node running a job and an admin's drain are never taken,
+and a second named node meets the drain cap. Prints the rounds and the wall time."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ from medic_core import proc
 from medic_core.store import open_store
 from remediation import episodes as ep
 from remediation.sweep.pairs import round_limit
-from tests.lab_views import drained_by_medic, idle_and_clear
+from tests.conftest import poll
+from tests.lab_views import drained_by_medic, idle_and_clear, node_info
 
 pytestmark = pytest.mark.lab
 NODES = 6
+BUSY = ("allocated", "mixed")
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +90,39 @@ def test_a_pair_sweep_names_the_one_slow_node_of_6(six: Lab) -> None:
         assert "n4" in report["handed"] and f"episode {episode.id}" in report["handed"]["n4"]
         assert all(ep.EpisodeStore(store).find(node=f"n{i}") == [] for i in (1, 2, 3, 5, 6))
         assert store.events("n1", kind="sweep")  # every pair's result is an event
+
+
+def test_a_pair_sweep_leaves_busy_and_admin_drained_nodes_alone_and_keeps_the_cap(six: Lab) -> None:
+    lab = six
+    pair_tools.set_link(lab.layout, "n4")  # healed; n4 may still be drained by the test above
+    capped = drained_by_medic(lab, "n4")
+    pair_tools.set_link(lab.layout, "n3", allreduce_busbw_gbps=120.0)
+    admin = "admin: cable swap"
+    lab.slurm(["scontrol", "update", "nodename=n6", "state=drain", f"reason={admin}"])
+    job = lab.slurm(["sbatch", "--parsable", "-w", "n2", "--wrap", "sleep 600"]).stdout.strip()
+    try:
+        poll("the job to run on n2", lambda: node_info(lab, "n2")["state"] in BUSY, 30)
+        started = time.monotonic()
+        done = proc.run(
+            [str(lab.venv_bin / "medic"), "sweep", "run", "--pairs", "--share", "1", "--json"],
+            timeout=900,
+            env=lab.process_env(),
+        )
+        wall = time.monotonic() - started
+        assert done.ok, done.tail()
+        report = json.loads(done.stdout)
+        print(f"\npair sweep, n2 busy, n6 drained: {report['rounds']} rounds in {wall:.1f}s")
+        assert {"n2", "n6"}.isdisjoint(report["nodes"]) and "n3" in report["nodes"]
+        assert list(report["bad"]) == ["n3"]
+        assert report["rounds"] <= round_limit(len(report["nodes"]))
+        assert all({"n2", "n6"}.isdisjoint(r["pair"]) for r in report["results"])
+        if capped:  # n4, drained by the test above, is the cap's one node of 6
+            assert "drain cap reached" in report["handed"]["n3"], report["handed"]
+            assert idle_and_clear(node_info(lab, "n3"))  # named, but left in service
+        else:
+            assert drained_by_medic(lab, "n3"), report["handed"]
+        assert node_info(lab, "n2")["state"] in BUSY  # the job runs on, untouched
+        assert node_info(lab, "n6")["reason"] == admin
+        assert job in lab.slurm(["squeue", "-h", "-o", "%i"]).stdout.split()
+    finally:
+        lab.slurm(["scancel", job], check=False)

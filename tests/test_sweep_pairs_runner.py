@@ -36,12 +36,21 @@ class FakeSlurm:
         self.jobs: list[tuple[int, tuple[str, ...]]] = []
         self.drained: list[str] = []
         self.on_round: dict[int, list[str]] = {}
+        self.completing_looks = 0  # looks for which a pair job's nodes show COMPLETING
 
     def nodes(self) -> list[NodeInfo]:
+        ended = {n for _, pair in self.jobs[-1:] for n in pair} if self.completing_looks else set()
+        self.completing_looks = max(0, self.completing_looks - 1)
         return [
-            NodeInfo(n, s, frozenset(self.flags[n]), partitions=("gpu",))
+            NodeInfo(
+                n, s, frozenset(self.flags[n] | self._completing(n, ended)), partitions=("gpu",)
+            )
             for n, s in self.state.items()
         ]
+
+    @staticmethod
+    def _completing(node: str, ended: set[str]) -> set[str]:
+        return {"COMPLETING"} if node in ended else set()
 
     def node(self, name: str) -> NodeInfo | None:
         return next((n for n in self.nodes() if n.name == name), None)
@@ -157,3 +166,18 @@ def test_nodes_busy_when_taken_are_dropped_and_the_rest_taken(store: Store) -> N
     report = _sweeper(store, slurm).run(share=1.0)
     assert calls == [",".join(NAMES), "n1,n2,n3,n4,n5"]
     assert report.nodes == ("n1", "n2", "n3", "n4", "n5")
+
+
+def test_nodes_completing_our_own_pair_job_are_waited_for_not_left_out(store: Store) -> None:
+    slurm = FakeSlurm(NAMES, {"n4"})
+    real = slurm.srun
+
+    def ending(args: Sequence[str], timeout: float, env: Mapping[str, str]) -> CommandResult:
+        result = real(args, timeout, env)
+        slurm.completing_looks = 2  # the job's nodes show COMPLETING for the next two looks
+        return result
+
+    slurm.srun = ending  # type: ignore[method-assign]
+    report = _sweeper(store, slurm).run(share=1.0)
+    assert report.left_out == {} and list(report.verdicts.bad) == ["n4"]  # type: ignore[union-attr]
+    assert slurm.drained == ["n4"]

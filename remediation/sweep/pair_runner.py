@@ -56,6 +56,7 @@ PAIR_CHECK = "sweep_pairs"
 IB_FAULT, ALLREDUCE_FAULT = "ib.pair_bandwidth", "nccl.pair_allreduce"
 # A pair sweep names a node only with three or more: with two, nobody is known-good.
 MIN_PAIR_NODES = 3
+COMPLETING_POLL = 0.5  # seconds between two looks at nodes our ended pair job leaves
 
 
 @dataclass(frozen=True)
@@ -206,8 +207,20 @@ class PairSweeper:
                     raise
         return names
 
+    def _settled(self, names: Sequence[str]) -> dict[str, NodeInfo]:
+        """Slurm's nodes once ours are past COMPLETING: a pair job that just ended leaves
+        its nodes completing for a moment (the lab saw it between two rounds), which is not
+        someone else's job. Waits at most `[sweep] immediate` seconds."""
+        deadline = time.monotonic() + self.settings.immediate
+        while True:
+            nodes = {n.name: n for n in self.slurm.nodes()}
+            completing = [n for n in names if n in nodes and "COMPLETING" in nodes[n].flags]
+            if not completing or time.monotonic() >= deadline:
+                return nodes
+            time.sleep(COMPLETING_POLL)
+
     def _still_ours(self, names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-        nodes = {n.name: n for n in self.slurm.nodes()}
+        nodes = self._settled(names)
         open_nodes = {e.node for e in self.sweeper.episodes.find(states=ep.OPEN_STATES)}
         keep, out = [], {}
         for name in names:
@@ -298,7 +311,7 @@ class PairSweeper:
         no job (it cannot: the reservation is ours and the pair jobs are over; checked)."""
         if node in left_out:
             return f"not handed: {left_out[node]}"
-        info = self.slurm.node(node)
+        info = self._settled([node]).get(node)
         why = "gone" if info is None else availability(info, False, ours=True)
         if why:
             return f"not handed: {why}"
