@@ -2,12 +2,17 @@
 the node repaired by the ladder and back in service.
 
 Each run: a resilient one-node job runs on some node; an XID is injected on that node at
-t0; "drained" is when sinfo first shows the node DRAIN with Medic's reason; "running
-again" is when the job is RUNNING again with one more restart; "back in service" is when
-the ladder has repaired, re-qualified and resumed the node. XID 79 (NVIDIA: RESTART_BM)
-takes the reboot path (the lab's simulated reboot: slurmd restarted with -b); XID 95
-(RESET_GPU) the GPU-reset path. The lab runs with cred_expire=10: a requeued job that lands
-on a node of its old allocation waits cred_expire+1 seconds (Slurm's default is 120).
+t0; "drained" is when Slurm first shows the node DRAIN with Medic's reason; "requeued" when
+the job shows one more restart; "eligible" when it no longer waits on the BeginTime Slurm
+gives a requeued job (Medic's releaser clears it once slurmctld's clock has left the
+requeue's second); "running again" when squeue says RUNNING; "script started" when the
+job's own script has started again; "back in service" when the ladder has repaired,
+re-qualified and resumed the node. XID 79 (NVIDIA: RESTART_BM) takes the reboot path (the
+lab's simulated reboot: slurmd restarted with -b); XID 95 (RESET_GPU) the GPU-reset path.
+
+`--slurm 24.11|26.05` runs the lab on that release (cli/lab/debian_root.py); `--scheduler=`
+runs it with Slurm's default SchedulerParameters (batch_sched_delay=3) instead of the lab's
+`batch_sched_delay=0,sched_min_interval=0`, to show what that setting is worth.
 
 Each figure is bench.stats.described: p50 with its 95 % bootstrap interval, p90 only from 20
 runs or more (else the max, named so), and the two groups apart when the runs fall in two
@@ -31,12 +36,16 @@ from typing import Any
 from bench.stats import described
 from cli.lab.cluster import Lab, LabError, wait_for
 from cli.lab.slurm_conf import LabSpec
+from medic_core.slurm import JobInfo, parse_jobs
 
 
-def squeue_job(lab: Lab, job_id: str) -> dict[str, Any]:
-    jobs = json.loads(lab.slurm(["squeue", "--json", "--jobs", job_id]).stdout)["jobs"]
-    found: dict[str, Any] = next(j for j in jobs if str(j["job_id"]) == job_id)
-    return found
+def squeue_jobs(lab: Lab, job_id: str) -> list[JobInfo]:
+    """The job's records in every release's layout (24.11 prints `job_state` as a list)."""
+    return parse_jobs(lab.slurm(["squeue", "--json", "--jobs", job_id]).stdout)
+
+
+def squeue_job(lab: Lab, job_id: str) -> JobInfo:
+    return next(j for j in squeue_jobs(lab, job_id) if j.job_id == job_id)
 
 
 def node(lab: Lab, name: str) -> dict[str, Any]:
@@ -70,8 +79,8 @@ def one_run(lab: Lab, xid: int) -> RunTimes:
     # squeue says RUNNING while the prolog still runs: the script's own mark says it started.
     wait_for("job running", started.exists, 30, 0.02)
     started.unlink()
-    victim = squeue_job(lab, job_id)["nodes"]
-    restarts = squeue_job(lab, job_id)["restart_cnt"]
+    victim = squeue_job(lab, job_id).nodes
+    restarts = squeue_job(lab, job_id).restart_count
     t0 = time.monotonic()
     lab.inject(victim, 0, [f"xid={xid}"])
 
@@ -87,15 +96,15 @@ def one_run(lab: Lab, xid: int) -> RunTimes:
     def running_again() -> bool:
         j = squeue_job(lab, job_id)
         now = time.monotonic() - t0
-        again = j["restart_cnt"] > restarts
-        waiting = j["job_state"] == "PENDING" and j.get("state_reason") == "BeginTime"
+        again = j.restart_count > restarts
+        waiting = j.state == "PENDING" and j.reason == "BeginTime"
         if again:  # COMPLETING while its old steps end, then PENDING on its BeginTime
             seen.setdefault("requeued", now)
         if waiting:
             seen.setdefault("waiting", now)
         elif "waiting" in seen:
             seen.setdefault("eligible", now)
-        return bool(again and j["job_state"] == "RUNNING")
+        return again and j.state == "RUNNING"
 
     wait_for("running again", running_again, 120, 0.02)
     t_running = time.monotonic() - t0
@@ -108,8 +117,7 @@ def one_run(lab: Lab, xid: int) -> RunTimes:
     try:
         wait_for("job gone", lambda: squeue_job_gone(lab, job_id), 60, 0.05)
     except LabError as exc:
-        left = json.loads(lab.slurm(["squeue", "--json", "--jobs", job_id]).stdout)["jobs"]
-        states = [(j["job_state"], j.get("nodes"), j.get("state_reason")) for j in left]
+        states = [(j.state, j.nodes, j.reason) for j in squeue_jobs(lab, job_id)]
         raise LabError(f"{exc}: job {job_id} is {states}") from exc
     times = RunTimes(
         drained=t_drained,
@@ -125,8 +133,9 @@ def one_run(lab: Lab, xid: int) -> RunTimes:
 
 
 def squeue_job_gone(lab: Lab, job_id: str) -> bool:
-    jobs = json.loads(lab.slurm(["squeue", "--json", "--jobs", job_id]).stdout)["jobs"]
-    return all(j["job_state"] not in ("RUNNING", "PENDING", "COMPLETING") for j in jobs)
+    return all(
+        j.state not in ("RUNNING", "PENDING", "COMPLETING") for j in squeue_jobs(lab, job_id)
+    )
 
 
 def measure(

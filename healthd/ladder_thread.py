@@ -208,7 +208,7 @@ class LadderThread:
             def make_eligible(job_id: str, restarts: int) -> None:
                 self.hand_spare(job_id, restarts)  # before the job is eligible again
                 if settings.release_held:
-                    start_releaser(daemon.config, job_id, restarts)
+                    start_releaser(daemon.config, job_id, restarts, requeued=True)
 
             episode_id = admission.episode.id if admission.episode is not None else None
             drained, actions = carry_out(
@@ -384,7 +384,7 @@ class LadderThread:
             decision = decide_fault([finding], facts)
 
             def make_eligible(job_id: str, restarts: int) -> None:
-                start_releaser(daemon.config, job_id, restarts)
+                start_releaser(daemon.config, job_id, restarts, requeued=True)
 
             after = make_eligible if settings.release_held else None
             _, actions = carry_out(client, daemon.node, decision, after)

@@ -249,14 +249,16 @@ def refuse_launch(
     return f"{config.node_name} refused job {job_id}: {drain_reason_for(first)}{kept}"
 
 
-def start_releaser(config: MedicConfig, job_id: str, restarts: int) -> None:
+def start_releaser(config: MedicConfig, job_id: str, restarts: int, requeued: bool = False) -> None:
     """A detached `python -m slurm_hooks.release`: it must outlive the prolog, which Slurm
-    waits for before it requeues (and holds) the job, and a daemon a reboot stops."""
+    waits for before it requeues (and holds) the job, and a daemon a reboot stops.
+    `requeued`: Slurm has already requeued the job (the daemon's requeue returned)."""
     log_dir = config.paths.state_dir
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **slurm_env(config)}
+    argv = ["--job", job_id, "--restarts", str(restarts), *(["--requeued"] if requeued else [])]
     proc.spawn(
-        [sys.executable, "-m", "slurm_hooks.release", "--job", job_id, "--restarts", str(restarts)],
+        [sys.executable, "-m", "slurm_hooks.release", *argv],
         log_path=log_dir / f"release-{job_id}.log",
         env=env,
     )

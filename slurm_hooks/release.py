@@ -23,7 +23,7 @@ import time
 
 from medic_core.config import ConfigError, load_config
 from medic_core.settings import HookSettings
-from medic_core.slurm import JobInfo, SlurmClient, SlurmError
+from medic_core.slurm import CliSlurm, JobInfo, SlurmClient, SlurmError
 
 # Once here the job will not be held for the prolog failure any more. RUNNING is not among
 # them: the job still RUNs (Reason=Prolog) while the prolog that started us finishes.
@@ -49,12 +49,13 @@ REVOKE_GRACE = 2.0
 
 
 class RevocationSecond:
-    """Has slurmctld's clock left the second it read when the job was seen requeued?"""
+    """Has slurmctld's clock left the second it read when the job was seen requeued?
+    `second`: that second, read earlier (the releaser's first act after a requeue)."""
 
-    def __init__(self, client: SlurmClient) -> None:
+    def __init__(self, client: SlurmClient, second: int | None = None) -> None:
         self.client = client
         self.seen_at = time.monotonic()
-        self.second = self._controller_second()
+        self.second = second if second is not None else self._controller_second()
 
     def _controller_second(self) -> int | None:
         try:
@@ -73,7 +74,7 @@ class RevocationSecond:
     def wait(self, deadline: float, poll: float) -> bool:
         """Until it has passed or the deadline (monotonic); False: the deadline came first.
         The first look is at the local clock's next second, where slurmctld's usually is."""
-        if self.second is not None:
+        if self.second is not None and int(time.time()) <= self.second:
             time.sleep(max(0.0, min(1.0 - time.time() % 1.0 + 0.01, deadline - time.monotonic())))
         while not self.passed():
             if time.monotonic() >= deadline:
@@ -100,8 +101,10 @@ def release_when_held(
     wait: float,
     poll: float = 0.1,
     restarts_before: int | None = None,
+    requeued_second: int | None = None,
 ) -> tuple[str, str]:
-    """(action, one line): action is "released", "made_eligible" or "left_alone"."""
+    """(action, one line): action is "released", "made_eligible" or "left_alone".
+    `requeued_second`: slurmctld's clock read after the requeue, when the caller had one."""
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         try:
@@ -117,7 +120,7 @@ def release_when_held(
             client.start_now(job_id)
             return "released", f"job {job_id}: released after Medic refused its node"
         if requeued_for_later(job, restarts_before):
-            if not RevocationSecond(client).wait(deadline, poll):
+            if not RevocationSecond(client, requeued_second).wait(deadline, poll):
                 break
             client.start_now(job_id)
             return "made_eligible", f"job {job_id}: requeued by Medic, made eligible now"
@@ -136,7 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--restarts", type=int, help="the job's restart count before Medic requeued it"
     )
+    parser.add_argument(
+        "--requeued", action="store_true", help="Slurm has requeued the job already"
+    )
     args = parser.parse_args(argv)
+    # slurmctld's second now, before the imports below (a loaded node takes ~0.3-1 s over
+    # them): the requeue was before it, so the wait for a later second can begin at once.
+    requeued_second = RevocationSecond(CliSlurm()).second if args.requeued else None
     try:
         config = load_config()
         settings = HookSettings.from_config(config)
@@ -150,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         args.job,
         settings.release_wait,
         restarts_before=args.restarts,
+        requeued_second=requeued_second,
     )
     print(message)
     record_event(

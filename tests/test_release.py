@@ -146,3 +146,18 @@ def test_sdiag_time_as_slurm_prints_it() -> None:
 def test_sdiag_time_never_raises_on_odd_text(text: str) -> None:
     second = parse_sdiag_time(text)
     assert second is None or second >= 0
+
+
+def test_a_second_read_right_after_the_requeue_is_the_one_waited_past(
+    fake_time: FakeTime,
+) -> None:
+    """The daemon's releaser reads slurmctld's second before its imports: when the job is
+    seen requeued the controller may already be a second on, and nothing more is waited."""
+    slurm = Controller(fake_time, skew=0.0)
+    requeued_job(slurm)
+    fake_time.now += 0.9  # the releaser's imports on a loaded node
+    action, _ = release.release_when_held(
+        slurm, "7", wait=30, restarts_before=0, requeued_second=1_000_000
+    )
+    assert action == "made_eligible"
+    assert slurm.started_at is not None and slurm.started_at < 1_000_001.3
