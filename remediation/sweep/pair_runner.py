@@ -330,7 +330,7 @@ class PairSweeper:
             message=f"failed pair tests with known-good {', '.join(partners)}: {shown}",
             recommendation=Recommendation.DRAIN,
         )
-        _, what = self.sweeper._hand_to_ladder(node, [finding], None)
+        _, what = self.sweeper.hand_to_ladder(node, [finding], None)
         return what
 
 

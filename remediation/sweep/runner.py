@@ -480,11 +480,11 @@ class Sweeper:
         if verdict.outcome != FAIL:
             self._give_back(row, RETURNED, verdict.message)
             return
-        episode_id, why = self._hand_to_ladder(row.node, verdict.findings, row.taken_at)
+        episode_id, why = self.hand_to_ladder(row.node, verdict.findings, row.taken_at)
         self.rows.set_node(row.id, episode_id=episode_id)
         self._give_back(row, HANDED, why)
 
-    def _hand_to_ladder(
+    def hand_to_ladder(
         self, node: str, findings: Sequence[Finding], taken: dt.datetime | None
     ) -> tuple[int | None, str]:
         """The ladder's own admission (kill switch, drain cap, lemon, fleet signature), then
