@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class HealthCheckOutcome:
     daemon_up: bool
-    action: str  # "none", "drained", "resumed", "kept", "not_ours", "owned_by_ladder", "adopted"
+    # "none", "drained", "would_drain" (observe only), "resumed", "kept", "not_ours",
+    # "owned_by_ladder", "adopted"
+    action: str
     message: str
 
 
@@ -82,7 +84,7 @@ def health_check(
     from healthd.inline import run_inline
     from medic_core.api import HealthdUnavailable, ask
     from medic_core.drain_book import HOOK, node_book
-    from medic_core.drain_reason import is_medic_reason, is_user_problem_reason
+    from medic_core.drain_reason import DrainOutcome, is_medic_reason, is_user_problem_reason
     from medic_core.status import Status
     from medic_core.vocabulary import Finding, Verdict
     from remediation.actions import drain_through_core
@@ -115,7 +117,8 @@ def health_check(
     if critical and not medic_drained:
         decision, drained = drain_through_core(client, config, critical, book)
         said = drained.value if drained else f"not drained: {decision.why or 'already out'}"
-        return HealthCheckOutcome(daemon_up, "drained" if drained else "kept", f"{said}{down}")
+        label = {None: "kept", DrainOutcome.WOULD_DRAIN: "would_drain"}.get(drained, "drained")
+        return HealthCheckOutcome(daemon_up, label, f"{said}{down}")
     if not medic_drained:
         return HealthCheckOutcome(daemon_up, "none", f"{verdict.status.value}{down}")
     if not settings.resume or not daemon_up:
