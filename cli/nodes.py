@@ -108,8 +108,9 @@ class NodeView:
         return "+".join([self.slurm.state, *sorted(self.slurm.flags)])
 
     @property
-    def drain_reason(self) -> str:
-        return self.slurm.reason if self.slurm is not None else ""
+    def drain_reason(self) -> str:  # 24.11 keeps the reason after a resume: not a drain's
+        s = self.slurm
+        return s.reason if s is not None and (s.drained or s.down) else ""
 
     @property
     def drained_by(self) -> str | None:
@@ -158,8 +159,7 @@ class NodeView:
         return found
 
     def to_json(self) -> dict[str, Any]:
-        s = self.slurm
-        e = self.episode
+        s, e = self.slurm, self.episode
         return {
             "node": self.node,
             "slurm_state": s.state if s else None,

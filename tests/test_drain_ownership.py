@@ -344,3 +344,23 @@ def test_medic_nodes_names_the_drainer_from_the_records_not_the_text(store: Stor
     ]
     by = {v.node: v.drained_by for v in fleet(store, infos, now)}
     assert by == {"n1": "medic", "n2": "other", "n3": "medic", "n4": "other"}
+
+
+def test_a_reason_slurm_keeps_after_a_resume_is_not_a_drain_reason() -> None:
+    """24.11 keeps a node's reason after `scontrol update state=resume` (22.05 and 26.05
+    clear it): `medic nodes` and `medic node show` name no drain for a node in service."""
+    import datetime as dt
+
+    from cli.node_view import StoreFacts
+    from cli.nodes import NodeView
+    from medic_core.slurm import NodeInfo
+
+    now = dt.datetime(2026, 11, 28, tzinfo=dt.UTC)
+    kept = "medic: gpu.xid.79 gpu2 GPU has fallen off the bus"
+    facts = StoreFacts(drain_record=None)
+    resumed = NodeView.of("n1", NodeInfo("n1", "IDLE", frozenset(), reason=kept), facts, now)
+    assert resumed.drain_reason == "" and resumed.drained_by is None
+    assert resumed.to_json()["drain_reason"] == ""
+    for flags, state in ((frozenset({"DRAIN"}), "IDLE"), (frozenset(), "DOWN")):
+        out = NodeView.of("n1", NodeInfo("n1", state, flags, reason=kept), facts, now)
+        assert out.drain_reason == kept
