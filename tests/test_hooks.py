@@ -4,7 +4,6 @@ the NVML injection library."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,7 +74,8 @@ def test_resilient_job_survives_xid_79_from_its_last_checkpoint(lab: Lab, store:
     work = lab.root / "train"
     work.mkdir()
     result = work / "result"
-    argv = [sys.executable, "-m", "cli.lab.train", str(work / "ckpt"), str(result)]
+    python = lab.venv_bin / "python"  # the job's Python: in a 24.11/26.05 lab, the root's
+    argv = [str(python), "-m", "cli.lab.train", str(work / "ckpt"), str(result)]
     script = work / "job.sh"
     script.write_text(
         f"#!/bin/sh\ncd {Path(__file__).parents[1]}\nexec {' '.join(argv)} {steps} {pace}\n"
