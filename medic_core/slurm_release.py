@@ -1,5 +1,6 @@
-"""The Slurm release Medic talks to, read from Slurm itself (`scontrol version`), and what
-Medic does differently on it. Each branch is a difference measured on the lab's releases
+"""The Slurm release Medic talks to, read from slurmctld itself (`SLURM_VERSION` in `scontrol
+show config`: the controller's; `scontrol version` prints only the client's), and what Medic
+does differently on it. Each branch is a difference measured on the lab's releases
 (22.05.8 on the host, 24.11.5 and 26.05.5 in Debian roots; docs/slurm-client.md's table);
 a release between or after them takes the branch that is correct everywhere.
 
@@ -53,8 +54,8 @@ class SlurmRelease:
 
 
 def parse_release(text: str) -> SlurmRelease:
-    """The release in `scontrol version`'s line ("slurm 22.05.8", "slurm-wlm 24.11.5",
-    "slurm 26.05.0-0rc1") or a JSON document's `meta` ("24.11.5")."""
+    """The release in its last word: `scontrol version`'s line ("slurm-wlm 24.11.5"), show
+    config's value ("24.11.5", "26.05.0-0rc1") or a JSON document's `meta`."""
     words = text.strip().split()
     last = words[-1] if words else ""
     found = _VERSION.fullmatch(last)
@@ -67,19 +68,29 @@ def parse_release(text: str) -> SlurmRelease:
     return SlurmRelease(int(major), int(minor), int(patch or 0))
 
 
+def controller_release(show_config: str) -> SlurmRelease:
+    """The release in `scontrol show config`'s `SLURM_VERSION           = 24.11.5` line."""
+    for line in show_config.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "SLURM_VERSION":
+            return parse_release(value)
+    raise ReleaseError("scontrol show config: no SLURM_VERSION line")
+
+
 def read_release(
     bin_dirs: Iterable[Path], env: Mapping[str, str] | None, timeout: float
 ) -> SlurmRelease:
-    """`scontrol version` from the first of `bin_dirs` that has it (a CliSlurm's bin_dirs,
-    env and timeout). Raises ReleaseError with one line when it cannot be read."""
+    """slurmctld's release, through `scontrol show config` from the first of `bin_dirs` that
+    has scontrol (a CliSlurm's bin_dirs, env and timeout). Raises ReleaseError with one line
+    when it cannot be read."""
     dirs = list(bin_dirs)
     scontrol = next((d / "scontrol" for d in dirs if (d / "scontrol").is_file()), None)
     if scontrol is None:
         raise ReleaseError(f"scontrol not found in {', '.join(map(str, dirs)) or 'no directory'}")
-    done = proc.run([str(scontrol), "version"], timeout=timeout, env=env)
+    done = proc.run([str(scontrol), "show", "config"], timeout=timeout, env=env)
     if not done.ok:
-        raise ReleaseError(f"{scontrol} version: {done.describe_failure()}")
-    return parse_release(done.stdout)
+        raise ReleaseError(f"{scontrol} show config: {done.describe_failure()}")
+    return controller_release(done.stdout)
 
 
 def gres_change_env(slurm: object) -> dict[str, str]:

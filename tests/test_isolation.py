@@ -259,19 +259,19 @@ def test_isolate_then_restore(store: Store) -> None:
 @pytest.mark.parametrize(
     ("printed", "change", "release"),
     [
-        ("slurm 22.05.8", "restart", "22.05.8"),  # reconfigure keeps the old count: INVAL
-        ("slurm-wlm 24.11.5", "reconfigure", "24.11.5"),  # measured: reconfigure takes it
-        ("slurm 26.05.5", "reconfigure", "26.05.5"),
-        ("slurm 24.05.4", "restart", "24.05.4"),  # not measured: the restart, always right
-        ("scontrol: error: no such thing", "restart", None),
+        ("22.05.8", "restart", "22.05.8"),  # reconfigure keeps the old count: INVAL
+        ("24.11.5", "reconfigure", "24.11.5"),  # measured: reconfigure takes it
+        ("26.05.5", "reconfigure", "26.05.5"),
+        ("24.05.4", "restart", "24.05.4"),  # not measured: the restart, always right
+        ("error: no such thing", "restart", None),
     ],
 )
 def test_the_apply_command_is_told_how_the_release_slurm_reports_takes_the_change(
     store: Store, tmp_path: Path, printed: str, change: str, release: str | None
 ) -> None:
     slurm, _, isolator, episode = world(store)
-    scontrol = tmp_path / "scontrol"  # what `scontrol version` prints on that release
-    scontrol.write_text(f"#!/bin/sh\necho '{printed}'\n")
+    scontrol = tmp_path / "scontrol"  # `scontrol show config` on a controller of that release
+    scontrol.write_text(f"#!/bin/sh\necho 'SLURM_VERSION           = {printed}'\n")
     scontrol.chmod(0o755)
     vars(slurm).update(bin_dirs=(tmp_path,), env={}, timeout=5.0)  # as a CliSlurm has them
     isolator.isolate(episode, 8)

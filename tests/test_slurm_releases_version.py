@@ -1,5 +1,5 @@
-"""medic_core.slurm_release: the release read from `scontrol version` and the branches keyed
-on it (each a difference measured on the lab's 22.05, 24.11 and 26.05)."""
+"""medic_core.slurm_release: slurmctld's release, read from `scontrol show config`, and the
+branches keyed on it (each a difference measured on the lab's 22.05, 24.11 and 26.05)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from medic_core.slurm_release import (
     RESTART,
     ReleaseError,
     SlurmRelease,
+    controller_release,
     gres_change_env,
     parse_release,
     read_release,
@@ -90,10 +91,25 @@ def _scontrol(where: Path, body: str) -> Path:
     return where
 
 
+def _config(version: str) -> str:
+    return f"echo 'PropagateResourceLimits = ALL'; echo 'SLURM_VERSION           = {version}'"
+
+
 def test_read_release_asks_the_first_directory_that_has_scontrol(tmp_path: Path) -> None:
-    first = _scontrol(tmp_path / "lab", "echo 'slurm-wlm 24.11.5'")
-    host = _scontrol(tmp_path / "host", "echo 'slurm 22.05.8'")
+    first = _scontrol(tmp_path / "lab", _config("24.11.5"))
+    host = _scontrol(tmp_path / "host", _config("22.05.8"))
     assert read_release([tmp_path / "none", first, host], {}, 5.0) == SlurmRelease(24, 11, 5)
+
+
+def test_the_controllers_release_not_the_clients() -> None:
+    # Measured on the 26.05 lab: the host's 22.05 `scontrol version` prints 22.05.8 whatever
+    # the controller; `scontrol show config` carries slurmctld's own SLURM_VERSION.
+    shown = "Configuration data as of 2026-11-28T17:14:02\nSLURM_VERSION           = 26.05.5\n"
+    assert controller_release(shown) == SlurmRelease(26, 5, 5)
+    with pytest.raises(ReleaseError, match="no SLURM_VERSION line"):
+        controller_release("slurm-wlm 24.11.5\n")
+    with pytest.raises(ReleaseError):
+        controller_release("SLURM_VERSION = garbage\n")
 
 
 @pytest.mark.parametrize(
@@ -101,7 +117,8 @@ def test_read_release_asks_the_first_directory_that_has_scontrol(tmp_path: Path)
     [
         ("echo 'slurm_load_ctl_conf error' >&2; exit 1", "exit 1"),
         ("sleep 30", "timed out"),
-        ("echo garbage", "not a Slurm release"),
+        ("echo 'SLURM_VERSION = garbage'", "not a Slurm release"),
+        ("echo garbage", "no SLURM_VERSION line"),
     ],
 )
 def test_read_release_fails_on_one_line(tmp_path: Path, body: str, words: str) -> None:
@@ -122,7 +139,7 @@ class _Client:
 
 
 def test_gres_change_env_falls_back_to_the_restart(tmp_path: Path) -> None:
-    new = _scontrol(tmp_path / "new", "echo 'slurm 26.05.5'")
+    new = _scontrol(tmp_path / "new", _config("26.05.5"))
     assert gres_change_env(_Client((new,))) == {
         "MEDIC_GRES_CHANGE": "reconfigure",
         "MEDIC_SLURM_RELEASE": "26.05.5",
