@@ -350,8 +350,9 @@ class IsolationSettings:
     max_gpus: int = setting(1, minimum=1, doc="GPUs isolated on one node before a full drain")
     apply: tuple[str, ...] = setting(
         (),
-        doc="argv that sets the node's GPU count in slurm.conf and its File= list in gres.conf"
-        " and restarts slurmctld and the node's slurmd: {node} {count} {keep} {isolated}",
+        doc="argv that sets the node's GPU count in slurm.conf and its File= list in gres.conf,"
+        " restarts the node's slurmd and, as MEDIC_GRES_CHANGE says, restarts slurmctld (below"
+        " 24.11) or runs scontrol reconfigure: {node} {count} {keep} {isolated}",
     )
     apply_timeout: float = setting(120.0, minimum=1, doc="seconds the apply command may take")
     settle_timeout: float = setting(
