@@ -29,6 +29,7 @@ from healthd.checks.base import Check, CheckConfig, CheckContext, Result
 from healthd.fixtures import write_host_tree
 from healthd.kmsg import format_record, parse_records, select_after
 from medic_core.config import KNOWN_TABLES, ConfigError, load_config
+from medic_core.hostlist import MAX_HOSTLIST, expand_hostlist
 from medic_core.hygiene_settings import HygieneSettings
 from medic_core.inventory import FleetSettings
 from medic_core.settings import (
@@ -39,7 +40,6 @@ from medic_core.settings import (
     WebhookTable,
     load_settings,
 )
-from medic_core.hostlist import MAX_HOSTLIST, expand_hostlist
 from slurm_hooks.checkpoint import MANIFEST, CheckpointDir, step_name
 
 FUZZ = settings(max_examples=200, derandomize=True, database=None, deadline=None)
