@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from medic_core.resilient import MAX_RESTARTS, parse_resilient
@@ -101,6 +101,7 @@ def test_the_unfuzzed_documents_parse(label: str, doc: dict[str, Any], key: str)
     field=st.text(max_size=12) | st.sampled_from(["name", "job_id", "comment", "state"]),
     value=json_values,
 )
+@example(which=2, record=1, field="job_id", value=7)  # another record's id: found by CI
 def test_one_bad_field_never_stops_the_other_records(
     which: int, record: int, field: str, value: Any
 ) -> None:
@@ -115,7 +116,10 @@ def test_one_bad_field_never_stops_the_other_records(
     except SlurmError:  # pragma: no cover - only the document level may refuse
         pytest.fail(f"{label}: one record's {field!r} refused the whole document")
     others = [i for n, i in enumerate(before) if n != index]
-    assert [i for i in after if i in others] == others, label
+    # Every other record comes through, in order; the fuzzed one may be dropped, or read
+    # with any id (another record's too: job_id 7 beside job 7).
+    rest = iter(after)
+    assert all(any(i == j for j in rest) for i in others), (label, after, others)
     assert len(after) >= len(others)
 
 
