@@ -39,6 +39,8 @@ class Echo(socketserver.StreamRequestHandler):
         if word == b"exit":
             raise SystemExit(3)
         if word == b"hold":
+            with self.server.lock:
+                self.server.holding += 1  # its request is read: never evicted from here on
             self.server.release.wait(10)
         self.wfile.write(b"ok " + line)
 
@@ -50,6 +52,8 @@ class Pool(BoundedServerMixIn, socketserver.UnixStreamServer):
     busy_reply = b"busy\n"
     timeouts: list[float | None]  # each poll's timeout, recorded as the loop goes to sleep
     release: threading.Event
+    holding: int  # `hold` requests read and waiting for `release`
+    lock: threading.Lock
 
 
 @contextlib.contextmanager
@@ -65,6 +69,7 @@ def running(path: Path, **bounds: Any) -> Iterator[Pool]:
     attributes = {"selector_class": Recording, "worker_name": name, **bounds}
     server: Pool = type("TestPool", (Pool,), attributes)(str(path), Echo)
     server.timeouts, server.release = timeouts, threading.Event()
+    server.holding, server.lock = 0, threading.Lock()
     loop = threading.Thread(target=server.serve_forever, daemon=True)
     loop.start()
     try:
@@ -179,8 +184,10 @@ def test_workers_never_exceed_the_bound_and_are_kept_after_a_burst(path: Path) -
         held = [connect(server) for _ in range(Pool.max_connections)]
         for s in held:
             s.sendall(b"hold\n")
-        poll("every slot busy", lambda: server.active == Pool.max_connections)
-        # Nothing unread to evict: told busy at once, before it says anything (a request
+        # Every slot busy with its request read (accepted alone is not enough: a request not
+        # yet read is one to evict, a race a CI run lost), so nothing unread to evict:
+        poll("every slot holding", lambda: server.holding == Pool.max_connections)
+        # told busy at once, before it says anything (a request
         # sent now could meet the closed socket: EPIPE, a race the CI run lost).
         with connect(server) as extra:
             assert extra.makefile("rb").readline() == b"busy\n"
