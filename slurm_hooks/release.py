@@ -102,10 +102,15 @@ def release_when_held(
     poll: float = 0.1,
     restarts_before: int | None = None,
     requeued_second: int | None = None,
+    after_requeue: bool = False,
 ) -> tuple[str, str]:
     """(action, one line): action is "released", "made_eligible" or "left_alone".
-    `requeued_second`: slurmctld's clock read after the requeue, when the caller had one."""
-    deadline = time.monotonic() + wait
+    `after_requeue`: Medic's daemon requeued the job (it is never held); otherwise the prolog
+    refused it, and a requeued job is taken as not held only after REVOKE_GRACE: Slurm shows
+    it requeued (BeginTime) a moment before it holds it. `requeued_second`: slurmctld's clock
+    read after the requeue, when the caller had one."""
+    started = time.monotonic()
+    deadline = started + wait
     while time.monotonic() < deadline:
         try:
             jobs = client.jobs([job_id])
@@ -119,7 +124,8 @@ def release_when_held(
             RevocationSecond(client).wait(deadline, poll)
             client.start_now(job_id)
             return "released", f"job {job_id}: released after Medic refused its node"
-        if requeued_for_later(job, restarts_before):
+        settled = after_requeue or time.monotonic() - started >= REVOKE_GRACE
+        if requeued_for_later(job, restarts_before) and settled:
             if not RevocationSecond(client, requeued_second).wait(deadline, poll):
                 break
             client.start_now(job_id)
@@ -160,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         settings.release_wait,
         restarts_before=args.restarts,
         requeued_second=requeued_second,
+        after_requeue=args.requeued,
     )
     print(message)
     record_event(
