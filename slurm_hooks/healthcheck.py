@@ -40,22 +40,6 @@ class HealthCheckOutcome:
     message: str
 
 
-def remediation_owns(config: MedicConfig, node: str) -> str:
-    """Why the node is not the health check's to resume: an open remediation episode (the
-    ladder resumes it itself) or an open RMA ticket (closing it re-qualifies the node)."""
-    from medic_core.api import HealthdUnavailable, ask
-
-    try:
-        reply = ask(config.paths.socket, {"op": "status"}, timeout=2.0)
-    except HealthdUnavailable:
-        return "medic-healthd unreachable"
-    if reply.get("remediation_episode"):
-        return f"remediation episode {reply['remediation_episode'].get('id')} owns it"
-    if reply.get("rma_open"):
-        return f"RMA ticket {reply['rma_open'][0]} is open"
-    return ""
-
-
 def _adopt(
     config: MedicConfig, info: NodeInfo | None, book: DrainBook
 ) -> HealthCheckOutcome | None:
@@ -91,6 +75,7 @@ def health_check(
     from remediation.decide import decide_resume
     from remediation.give_back import facts_of, give_back
     from slurm_hooks.hygiene_watch import resume_if_clean
+    from slurm_hooks.ownership import remediation_owns
 
     node = config.node_name
     daemon_up = True

@@ -80,7 +80,7 @@ def resume_if_clean(config: MedicConfig, client: SlurmClient, book: DrainBook) -
     from medic_core.slurm import SlurmError
     from remediation.give_back import give_back
     from remediation.user_problem import still_left
-    from slurm_hooks.healthcheck import remediation_owns
+    from slurm_hooks.ownership import remediation_owns
 
     node = config.node_name
     record = read_record(config)

@@ -488,7 +488,7 @@ def test_a_survivor_drains_as_user_problem_and_the_node_is_given_back_once_clean
     still = watch.resume_if_clean(config, slurm, book)  # type: ignore[arg-type]
     assert still.action == "kept" and "job 4243" in still.message
     fake_proc.remove(51)
-    monkeypatch.setattr("slurm_hooks.healthcheck.remediation_owns", lambda c, n: "")
+    monkeypatch.setattr("slurm_hooks.ownership.remediation_owns", lambda c, n: "")
     back = watch.resume_if_clean(config, slurm, book)  # type: ignore[arg-type]
     assert back.action == "resumed", back.message
     info = slurm.node("n1")
