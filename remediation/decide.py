@@ -20,6 +20,10 @@ from medic_core.status import worst as worst_status
 from medic_core.vocabulary import Component, ComponentKind, Finding, Recommendation, Verdict
 from remediation.policy import Rung, drain_cap, first_rung
 
+# A handed spare refusing another job in its prolog (remediation.spares): about the
+# allocation, not the node's health, so the drain cap never keeps it in service.
+SPARE_REFUSAL = "spare.handed"
+
 
 @dataclass(frozen=True)
 class GateDecision:
@@ -45,7 +49,8 @@ def decide_launch(
     never, unless the drain cap keeps the fault in service (`cap_held`, its reason: a
     refusal would have Slurm drain the node past the cap, "Prolog error"); UNKNOWN only
     with on_unknown = "open". Findings on a GPU Medic took out of the node's GRES
-    (`isolated_gpus`, from its isolation record: no job can be given it) are left out."""
+    (`isolated_gpus`, from its isolation record: no job can be given it) are left out. A
+    handed spare's refusal of another job (SPARE_REFUSAL) always refuses."""
     if rma_open:
         why = f"RMA ticket {rma_open[0]} is open"
         ticket = Finding("rma", Status.CRITICAL, "rma.open", "", why, Recommendation.DRAIN)
@@ -55,6 +60,9 @@ def decide_launch(
         status = worst_status(f.status for f in findings) if findings else Status.OK
         verdict = Verdict(status, findings, verdict.source, verdict.seconds, verdict.note)
     critical = tuple(f for f in verdict.findings if f.status is Status.CRITICAL)
+    refusals = tuple(f for f in critical if f.fault_class == SPARE_REFUSAL)
+    if refusals:  # the spare is already drained by Medic for it: no cap to keep
+        return GateDecision(False, Status.CRITICAL, refusals, refusals[0].message)
     if critical and cap_held:
         return GateDecision(
             True, Status.CRITICAL, critical, f"fault left in service by the drain cap: {cap_held}"

@@ -55,6 +55,7 @@ from medic_core.status import Status
 from medic_core.store import Severity, Store
 from medic_core.vocabulary import Finding
 from remediation.decide import (
+    SPARE_REFUSAL,
     ReservedJob,
     SpareDecision,
     SpareTending,
@@ -78,7 +79,7 @@ RELEASED, GIVEN_BACK, REFUSED_JOB = "released", "given_back", "refused_job"
 # A job refused in its prolog leaves the spare drained by Medic (the prolog's failure makes
 # Slurm drain it anyway: Medic's drain first keeps it Medic's); lifted once the job is off.
 REFUSAL_LIFTED = "refusal_lifted"
-REFUSAL_FAULT = "spare.handed"
+REFUSAL_FAULT = SPARE_REFUSAL
 OPEN_ACTIONS = frozenset({HANDING, HANDED, FAILED})
 ACTOR = "daemon"  # a node's medic-healthd, named in each event's `by`
 # The default `prolog_grace`: [hooks] launch_budget's default, the prolog's 0.3 s for its

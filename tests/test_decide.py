@@ -17,6 +17,7 @@ from medic_core.vocabulary import Finding, Recommendation, Verdict
 from remediation.decide import (
     NEEDS_HUMAN,
     PAUSED,
+    SPARE_REFUSAL,
     WAITING_CAP,
     WAITING_IDLE,
     EpisodeMove,
@@ -315,6 +316,18 @@ def test_a_fault_the_cap_keeps_in_service_lets_the_job_start() -> None:
     assert d.allow and d.status is Status.CRITICAL
     assert d.why == "fault left in service by the drain cap: episode 3 waits for the drain cap"
     assert not decide_launch(sick, HookSettings(), rma_open=[1], cap_held="x").allow
+
+
+def test_a_spares_refusal_refuses_even_while_the_cap_keeps_a_fault_in_service() -> None:
+    """CI once: the spare's open episode waited for the drain cap, and the cap's hold let
+    the other job of the handed spare's reservation start. The refusal is about the
+    allocation (the spare already drained by Medic for it), never the node's health."""
+    refusal = Finding("spares", Status.CRITICAL, SPARE_REFUSAL, "job:9", "spare n5 is handed")
+    for found in ((refusal,), (XID79, refusal)):
+        d = decide_launch(verdict_of(*found), HookSettings(), cap_held="episode 3 waits")
+        assert not d.allow and d.blocking == (refusal,), found
+        assert d.why == "spare n5 is handed"
+    assert decide_launch(verdict_of(XID79), HookSettings(), cap_held="episode 3 waits").allow
 
 
 # --- an answer Slurm could not complete, given again -------------------------------------------

@@ -99,7 +99,8 @@ def test_the_users_other_job_is_refused_in_its_prolog_and_never_runs_on_the_spar
     # part: it never runs on the spare (below).
     assert not squeue(lab, other_id).startswith(("RUNNING", "CONFIGURING"))
     gates = [e for e in store.events(SPARE, kind="gate") if e.target == f"job:{other_id}"]
-    assert gates and gates[0].evidence["allow"] is False
+    said = [f"{e.id} {e.node} {e.kind} {e.message[:160]}" for e in store.events()]
+    assert gates and not any(g.evidence["allow"] for g in gates), "\n".join(said)
 
     lab.slurm(["scontrol", "release", job_id])
     poll("the bound run on the spare", lambda: (home / "bound").exists(), timeout=30)
