@@ -17,7 +17,7 @@ No other job of the queue can take the spare, whatever its priority.
 Bound to the run (`SparePool.tend`, the spare's own daemon's ladder thread, every loop while
 the spare is in the pool or handed): Slurm admits a reservation's jobs by user, account or
 group, never by job, so the reservation names the job's user and Medic refuses the rest
-(`remediation.decide.decide_spare_tending`): another job in it (the user's, naming it) is
+(`remediation.decide_spares.decide_spare_tending`): another job in it (the user's, naming it) is
 requeued off the spare if it runs and cleared of the reservation. Once the bound job runs,
 it is cleared of the reservation and the reservation deleted: the job's allocation holds
 the spare, and nothing names the spare any more, so when that run ends, fails or is
@@ -54,8 +54,8 @@ from medic_core.slurm import NodeInfo, SlurmError, expand_hostlist
 from medic_core.status import Status
 from medic_core.store import Severity, Store
 from medic_core.vocabulary import Finding
-from remediation.decide import (
-    SPARE_REFUSAL,
+from remediation.decide import SPARE_REFUSAL
+from remediation.decide_spares import (
     ReservedJob,
     SpareDecision,
     SpareTending,
@@ -414,7 +414,7 @@ class SparePool:
 
     def _lift_refusal(self, refusals: Sequence[dict[str, object]]) -> None:
         """Lift the refusal's drain once no refused job is on the spare
-        (remediation.decide.decide_refusal_lift), through the one resume path."""
+        (remediation.decide_spares.decide_refusal_lift), through the one resume path."""
         reason = str(refusals[0].get("reason") or "")
         info = self.slurm.node(self.node)
         matches = info is not None and (info.drained or info.down) and info.reason == reason

@@ -20,7 +20,7 @@ from medic_core.slurm import JobInfo
 from medic_core.store import Store
 from medic_core.vocabulary import Finding
 from remediation import spares as spares_module
-from remediation.decide import ReservedJob, decide_refusal_lift, decide_spare_tending
+from remediation.decide_spares import ReservedJob, decide_refusal_lift, decide_spare_tending
 from remediation.spares import REFUSAL_FAULT, REFUSAL_LIFTED, REFUSED_JOB, SparePool
 from tests.test_gate_recorder import GatedStore, make_gate
 from tests.test_gate_recorder import paths as paths

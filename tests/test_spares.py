@@ -1,4 +1,4 @@
-"""Hot spares as unit tests: the pure decision (remediation.decide.decide_spare), the
+"""Hot spares as unit tests: the pure decision (remediation.decide_spares.decide_spare), the
 reservation parser, and `SparePool` on a real SQLite store with a fake Slurm that keeps
 nodes, jobs and reservations in memory and records every command (the lab proof is
 tests/test_spares_lab.py)."""
@@ -20,7 +20,7 @@ from medic_core.status import Status
 from medic_core.store import Severity, Store, open_store
 from medic_core.vocabulary import Finding, Recommendation
 from remediation import spares as spares_module
-from remediation.decide import ReservedJob, decide_spare, decide_spare_tending, spare_key
+from remediation.decide_spares import ReservedJob, decide_spare, decide_spare_tending, spare_key
 from remediation.spares import (
     FAILED,
     GIVEN_BACK,
