@@ -32,13 +32,14 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
 from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
 
-from healthd.workers import Worker, WorkerPool
+from healthd.deadlines import Abandoned, Item, Lane, Timekeeper
+from healthd.workers import WorkerPool
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -407,47 +408,24 @@ def normalize_pci_bus_id(bus_id: str) -> str:
 
 @dataclass
 class _Slot:
-    done: threading.Event = field(default_factory=threading.Event)
+    """What one call returned or raised."""
+
     value: Any = None
     error: BaseException | None = None
-
-    def returned(self) -> bool:
-        return self.done.is_set()
-
-
-@dataclass(eq=False)
-class _Call:
-    """The call a sweep's worker is in, published for the caller that waits on the sweep."""
-
-    function: str
-    gpu: int | None
-    timeout: float
-    deadline: float  # time.monotonic()
-    ended: bool = False  # the call returned (or raised)
-
-    def returned(self) -> bool:
-        return self.ended
 
 
 _FIRST: Any = object()  # a sweep's first step: next(plan), nothing to send yet
 
 
-class _Abandoned(BaseException):
-    """Raised in a sweep's worker whose call returned after the caller gave up on it: the
-    rest of the sweep runs on another worker. A BaseException, so no check catches it."""
-
-
+@dataclass(eq=False)
 class _SweepRun:
-    """One `sweep()`: the plan, the call in progress, and which worker owns the plan."""
+    """One `sweep()`: the plan, its calls' time kept by `keeper` (each call an item tagged
+    with its GPU), and how it ended (set under the keeper's cond by the lane that ends it)."""
 
-    def __init__(self, plan: Sweep[Any]) -> None:
-        self.plan = plan
-        self.lock = threading.Lock()
-        self.done = threading.Event()
-        self.lane = 0  # the worker that may advance the plan; +1 on each takeover
-        self.current: _Call | None = None
-        self.result: Any = None
-        self.error: BaseException | None = None
+    plan: Sweep[Any]
+    keeper: Timekeeper[int | None]
+    result: Any = None
+    error: BaseException | None = None
 
 
 @dataclass
@@ -489,7 +467,7 @@ class PynvmlClient:
         self._opened = False
         self._lock = threading.Lock()
         self._init_lock = threading.Lock()
-        self._hung: dict[tuple[str, int | None], _Slot | _Call] = {}  # calls that overran
+        self._hung: dict[tuple[str, int | None], Item[int | None]] = {}  # calls that overran
         self._workers = WorkerPool("nvml-call")
         self._local = threading.local()  # .on: (sweep, lane) on a sweep's worker
         self._streaks: dict[int, _Streak] = {}
@@ -555,17 +533,12 @@ class PynvmlClient:
             yield
             return
         run, lane = on
-        guard = _Call("nvmlInit", None, allow, time.monotonic() + allow)
-        run.current = guard
         self._local.on = None
         try:
-            yield
+            with run.keeper.item(lane, "nvmlInit", None, allow):
+                yield
         finally:
             self._local.on = on
-            with run.lock:
-                guard.ended = True
-                if run.lane != lane:
-                    raise _Abandoned
 
     # -- the deadline wrapper
 
@@ -614,34 +587,30 @@ class PynvmlClient:
             self._record(gpu, function, "timeout")
             raise NvmlTimeout(function, gpu, timeout, still_hung=True)
         slot = _Slot()
-        on = getattr(self._local, "on", None)
-        if on is not None:  # a sweep's worker: call directly, the sweep's caller keeps time
-            run, lane = on
-            current = _Call(function, gpu, timeout, time.monotonic() + timeout)
-            run.current = current
+
+        def make_call() -> None:
             try:
                 slot.value = call()
             except BaseException as exc:
                 slot.error = exc
-            with run.lock:
-                current.ended = True
-                if run.lane != lane:  # overran: the caller counted the timeout, not us
-                    raise _Abandoned
+
+        on = getattr(self._local, "on", None)
+        if on is not None:  # a sweep's worker: call directly, the sweep's caller keeps time
+            run, lane = on
+            with run.keeper.item(lane, function, gpu, timeout):
+                make_call()
         else:
+            keeper: Timekeeper[int | None] = Timekeeper(self._workers)
 
-            def make_call() -> None:
-                try:
-                    slot.value = call()
-                except BaseException as exc:
-                    slot.error = exc
-                finally:
-                    slot.done.set()
+            def one_call(lane: Lane[int | None]) -> None:
+                with keeper.item(lane, function, gpu, timeout):
+                    make_call()
 
-            worker = self._workers.start(make_call, f"nvml-{function}")
-            if not slot.done.wait(timeout):
-                worker.abandon()
+            keeper.start(one_call, f"nvml-{function}")
+            overran = [item for _, item in keeper.overran()]
+            if overran:
                 with self._lock:
-                    self._hung[key] = slot
+                    self._hung[key] = overran[0]
                 self._record(gpu, function, "timeout")
                 raise NvmlTimeout(function, gpu, timeout)
         if slot.error is not None:
@@ -659,49 +628,35 @@ class PynvmlClient:
     # -- sweeps: one worker for a check's pass over the GPUs
 
     def sweep(self, plan: Sweep[R]) -> R:
-        """Run `plan` on one worker: its calls run there one after another, each publishing
-        itself with its deadline; this thread waits for the end of the sweep, waking only
-        when the call in progress reaches its deadline. A call that overran is handled as
-        `_run` handles it (NvmlTimeout reading, remembered as hung, streak counted) and the
-        rest of the plan goes on on a new worker. A sweep inside a sweep runs in place."""
+        """Run `plan` on one worker: its calls run there one after another, each under its
+        deadline (healthd.deadlines); this thread waits for the end of the sweep, waking
+        only when the call in progress reaches its deadline. A call that overran is handled
+        as `_run` handles it (NvmlTimeout reading, remembered as hung, streak counted) and
+        the rest of the plan goes on on a new worker. A sweep inside a sweep runs in place."""
         if getattr(self._local, "on", None) is not None:
             return run_sweep(plan)
-        run = _SweepRun(plan)
-        worker = self._workers.start(partial(self._drive, run, 0, _FIRST), "nvml-sweep")
-        while True:
-            with run.lock:
-                if run.done.is_set():
-                    break
-                current = run.current
-                overran: _Call | None = None
-                wait = self.call_timeout
-                if current is not None and not current.ended:
-                    wait = current.deadline - time.monotonic()
-                    if wait <= 0:
-                        overran, run.lane, run.current = current, run.lane + 1, None
-                lane = run.lane
-            if overran is None:
-                run.done.wait(max(wait, 0.001))
-                continue
-            worker = self._take_over(run, lane, overran, worker)
+        run = _SweepRun(plan, Timekeeper(self._workers))
+        with run.keeper.cond:
+            run.keeper.start(partial(self._drive, run, _FIRST), "nvml-sweep")
+            for _, overran in run.keeper.overran():
+                timed_out = self._timed_out(overran)
+                run.keeper.start(partial(self._drive, run, timed_out), "nvml-sweep")
         if run.error is not None:
             raise run.error
         return run.result  # type: ignore[no-any-return]
 
-    def _take_over(self, run: _SweepRun, lane: int, overran: _Call, worker: Worker) -> Worker:
-        """Leave the worker to its hung call; the plan goes on on a new worker."""
-        worker.abandon()
-        function, gpu = overran.function, overran.gpu
+    def _timed_out(self, overran: Item[int | None]) -> Reading[Any]:
+        """A sweep's call that overran, left to its worker: remembered as hung, counted."""
+        function, gpu = overran.name, overran.tag
         with self._lock:
             self._hung[(function, gpu)] = overran
         self._record(gpu, function, "timeout")
         error = NvmlTimeout(function, gpu, overran.timeout)
-        timed_out: Reading[Any] = Reading(None, problem_of(error), str(error))
-        return self._workers.start(partial(self._drive, run, lane, timed_out), "nvml-sweep")
+        return Reading(None, problem_of(error), str(error))
 
-    def _drive(self, run: _SweepRun, lane: int, send: Any) -> None:
-        """A sweep's worker: advance the plan (sending `send`, the reading of the call the
-        previous worker was abandoned in) until it ends or this worker is abandoned."""
+    def _drive(self, run: _SweepRun, send: Any, lane: Lane[int | None]) -> None:
+        """A sweep's lane: advance the plan (sending `send`, the reading of the call the
+        previous lane was abandoned in) until it ends or this lane is abandoned."""
         self._local.on = (run, lane)
         result: Any = None
         error: BaseException | None = None
@@ -711,16 +666,15 @@ class PynvmlClient:
                 call = run.plan.send(measure(call))
         except StopIteration as stop:
             result = stop.value
-        except _Abandoned:
-            return
+        except Abandoned:
+            raise
         except BaseException as exc:  # a bug in the plan or a call: the caller raises it
             error = exc
         finally:
             self._local.on = None
-        with run.lock:
-            if run.lane == lane:
+        with run.keeper.cond:
+            if not lane.abandoned:
                 run.result, run.error = result, error
-                run.done.set()
 
     def _device(self, function: str, index: int, call: Callable[[ModuleType, Any], T]) -> T:
         """Look the handle up and make the call in one worker thread, under one deadline."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import math
 import threading
 import time
 import traceback
@@ -39,6 +38,7 @@ from healthd.checks.base import (
     Tier,
     fault,
 )
+from healthd.deadlines import Lane, Timekeeper
 from healthd.workers import Worker, WorkerPool
 
 
@@ -92,33 +92,13 @@ class _Slot:
     seconds: float = 0.0
 
 
-@dataclass(frozen=True)
-class _Current:
-    """The check a lane runs now."""
-
-    name: str
-    slot: _Slot
-    started: float
-    deadline: float
-    timeout: float
-
-
-@dataclass(eq=False)
-class _Lane:
-    worker: Worker = field(init=False)
-    current: _Current | None = None
-
-
 @dataclass(eq=False)
 class _Run:
-    """One run's checks and lanes, under `cond`."""
+    """One run's checks: those not started yet, and the answers (under the keeper's cond)."""
 
     to_start: deque[tuple[str, CheckConfig, float]]
-    end: float | None  # the budget's end (monotonic), if any
-    cond: threading.Condition = field(default_factory=threading.Condition)
-    lanes: list[_Lane] = field(default_factory=list)  # running, not abandoned
+    keeper: Timekeeper[_Slot]
     answered: dict[str, _Slot] = field(default_factory=dict)
-    wake_at: float = math.inf  # when the runner's thread, asleep, wakes by itself
 
 
 @dataclass
@@ -277,46 +257,33 @@ class Runner:
             to_start.append((name, cfg, timeout))
 
         # Each check's deadline counts from its own start; a budget ends them all at once.
-        run = _Run(to_start, None if budget is None else start + budget)
+        keeper: Timekeeper[_Slot] = Timekeeper(
+            self._workers, None if budget is None else start + budget
+        )
+        run = _Run(to_start, keeper)
         at_once = len(to_start) if parallel is None else max(1, parallel)
-        with run.cond:
+        with keeper.cond:
             for _ in range(min(at_once, len(to_start))):
                 self._start_lane(run, instances)
-            while run.lanes:
-                now = time.monotonic()
-                for lane in list(run.lanes):
-                    current = lane.current
-                    if current is None or current.deadline > now or current.slot.done.is_set():
-                        continue  # a check done at its deadline: its lane records it
-                    run.lanes.remove(lane)
-                    lane.worker.abandon()  # it exits once the check returns, if ever
-                    with self._hung_lock:
-                        self._hung[current.name] = _Hung(
-                            lane.worker, self.ctx.clock.now(), current.started
-                        )
-                    result = _unknown(
-                        current.name,
-                        "check.timeout",
-                        f"{current.name}: no answer within {current.timeout:g}s "
-                        f"({current.slot.phase})",
-                        timeout_seconds=current.timeout,
-                        phase=current.slot.phase,
+            for lane, current in keeper.overran():  # the check's thread goes on
+                assert lane.worker is not None
+                with self._hung_lock:
+                    self._hung[current.name] = _Hung(
+                        lane.worker, self.ctx.clock.now(), current.started
                     )
-                    outcomes[current.name] = CheckOutcome(
-                        current.name, RunState.TIMEOUT, (result,), current.timeout
-                    )
-                    if run.to_start:  # the rest go on in a lane of their own
-                        self._start_lane(run, instances)
-                if not run.lanes:
-                    break
-                pending = [
-                    lane.current.deadline
-                    for lane in run.lanes
-                    if lane.current is not None and not lane.current.slot.done.is_set()
-                ]
-                run.wake_at = min(pending, default=math.inf)
-                run.cond.wait(None if not pending else max(0.0, run.wake_at - now))
-                run.wake_at = math.inf
+                phase = current.tag.phase
+                result = _unknown(
+                    current.name,
+                    "check.timeout",
+                    f"{current.name}: no answer within {current.timeout:g}s ({phase})",
+                    timeout_seconds=current.timeout,
+                    phase=phase,
+                )
+                outcomes[current.name] = CheckOutcome(
+                    current.name, RunState.TIMEOUT, (result,), current.timeout
+                )
+                if run.to_start:  # the rest go on in a lane of their own
+                    self._start_lane(run, instances)
         for name, slot in run.answered.items():
             outcomes[name] = self._collect(name, slot)
         return RunReport(
@@ -326,50 +293,26 @@ class Runner:
         )
 
     def _start_lane(self, run: _Run, instances: Mapping[str, Check[Any, Any]]) -> None:
-        """One more lane (under run.cond): a worker that runs the run's checks one after
-        another until none is left."""
-        lane = _Lane()
-        run.lanes.append(lane)
-        lane.worker = self._workers.start(
-            functools.partial(self._lane, run, lane, instances), "check-lane"
-        )
+        """One more lane: a worker that runs the run's checks one after another until none
+        is left (healthd.deadlines keeps their time)."""
+        run.keeper.start(functools.partial(self._run_lane, run, instances), "check-lane")
 
-    def _lane(self, run: _Run, lane: _Lane, instances: Mapping[str, Check[Any, Any]]) -> None:
-        """A lane's worker. The runner's thread sleeps meanwhile: it is woken when the last
-        lane has no check left, or when a check starts whose deadline comes before the one it
-        sleeps until; a check that overruns is left to its thread there and then."""
-        try:
-            self._run_lane(run, lane, instances)
-        finally:  # whatever happens, the runner's thread is not left waiting for this lane
-            with run.cond:
-                if lane in run.lanes and lane.current is None:
-                    run.lanes.remove(lane)
-                    if not run.lanes:  # the last one: the run is over (the others' deadlines
-                        run.cond.notify()  # are what the runner's thread sleeps until)
-
-    def _run_lane(self, run: _Run, lane: _Lane, instances: Mapping[str, Check[Any, Any]]) -> None:
+    def _run_lane(
+        self, run: _Run, instances: Mapping[str, Check[Any, Any]], lane: Lane[_Slot]
+    ) -> None:
+        keeper = run.keeper
         while True:
-            with run.cond:
-                if lane not in run.lanes:
-                    return  # abandoned: its check overran and was reported as such
-                if not run.to_start:
-                    return  # (the lane leaves the run in _lane)
+            with keeper.cond:
+                if lane.abandoned or not run.to_start:
+                    return
                 name, cfg, timeout = run.to_start.popleft()
-                started = time.monotonic()
-                deadline = started + timeout if run.end is None else min(started + timeout, run.end)
-                current = _Current(name, _Slot(), started, deadline, timeout)
-                lane.current = current
-                if deadline < run.wake_at:
-                    run.cond.notify()
-            lane.worker.thread.name = f"check-{name}"  # py-spy and faulthandler name it
-            self._work(instances[name], cfg, current.slot)
-            with run.cond:
-                if lane not in run.lanes:
-                    return  # it answered, but after the runner had given up on it
-                run.answered[name] = current.slot
-                lane.current = None
-                if deadline <= time.monotonic():  # the runner may be awake for it
-                    run.cond.notify()
+            slot = _Slot()
+            with keeper.item(lane, name, slot, timeout):
+                assert lane.worker is not None
+                lane.worker.thread.name = f"check-{name}"  # py-spy and faulthandler name it
+                self._work(instances[name], cfg, slot)
+            with keeper.cond:  # not abandoned: it answered in time
+                run.answered[name] = slot
 
     def _work(self, check: Check[Any, Any], cfg: CheckConfig, slot: _Slot) -> None:
         begin = time.monotonic()
