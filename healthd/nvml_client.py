@@ -28,423 +28,65 @@ one in the caller's thread, the way a client without worker threads does.
 from __future__ import annotations
 
 import ctypes
-import threading
 import time
-from collections.abc import Callable, Generator, Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from enum import StrEnum
-from functools import partial
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any
 
-from healthd.deadlines import Abandoned, Item, Lane, Timekeeper
-from healthd.workers import WorkerPool
+from healthd.nvml_calls import NvmlCalls, _load_pynvml
 
-T = TypeVar("T")
-R = TypeVar("R")
-
-DEFAULT_CALL_TIMEOUT = 3.0  # seconds; healthy NVML calls take well under 0.1 s
-DEFAULT_INIT_TIMEOUT = 30.0  # nvmlInit without persistence mode can take seconds per GPU
-MIB = 1 << 20
-
-# nvmlReturn_t codes the client distinguishes (nvml.h)
-_NOT_SUPPORTED = 3
-_NOT_FOUND_INVALID_ARGUMENT = 2
-_UNINITIALIZED = 1
-_DRIVER_NOT_LOADED = 9
-_TIMEOUT = 10
-_LIBRARY_NOT_FOUND = 12
-_FUNCTION_NOT_FOUND = 13
-_GPU_IS_LOST = 15
-_LIB_RM_VERSION_MISMATCH = 18
-
-_UNAVAILABLE_CODES = frozenset(
-    {_UNINITIALIZED, _DRIVER_NOT_LOADED, _LIBRARY_NOT_FOUND, _LIB_RM_VERSION_MISMATCH}
+# The vocabulary (healthd.nvml_types), re-exported: most importers name this module.
+from healthd.nvml_types import (
+    CLOCK_EVENT_REASONS,
+    DEFAULT_CALL_TIMEOUT,
+    DEFAULT_INIT_TIMEOUT,
+    EVENT_DBE,
+    EVENT_SBE,
+    EVENT_XID,
+    MIB,
+    NVML_ERROR_DRIVER_NOT_LOADED,
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+    NVML_ERROR_LIBRARY_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_TIMEOUT,
+    NVML_ERROR_UNINITIALIZED,
+    UNAVAILABLE_CODES,
+    CallHealth,
+    EccCounts,
+    GpuInfo,
+    GpuProcess,
+    MemoryUsage,
+    NvLinkStates,
+    NvmlClient,
+    NvmlError,
+    NvmlEvents,
+    NvmlGpuLost,
+    NvmlNotSupported,
+    NvmlTimeout,
+    NvmlUnavailable,
+    PcieLink,
+    Problem,
+    RawEvent,
+    Reading,
+    RemappedRows,
+    RetiredPages,
+    Sweep,
+    Thermal,
+    TrendCounters,
+    Utilization,
+    decode_clock_event_reasons,
+    measure,
+    normalize_pci_bus_id,
+    pci_key,
+    problem_of,
+    run_sweep,
 )
 
-# nvmlClocksEventReason* bits (nvml.h), named as the lab's `throttle=` spec names them.
-CLOCK_EVENT_REASONS: dict[int, str] = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal",
-    0x40: "hw_thermal",
-    0x80: "hw_power_brake",
-    0x100: "display_clock",
-}
 
-# nvmlEventType* bits used by the listener (nvml.h)
-EVENT_SBE = 0x1
-EVENT_DBE = 0x2
-EVENT_XID = 0x8
-
-
-# --- errors ---------------------------------------------------------------------------------
-
-
-class NvmlError(RuntimeError):
-    """An NVML call failed; `function` is the NVML function, `gpu` the index (None: node)."""
-
-    def __init__(
-        self, function: str, gpu: int | None, detail: str, *, code: int | None = None
-    ) -> None:
-        where = f"GPU {gpu}" if gpu is not None else "node"
-        super().__init__(f"{function} ({where}): {detail}")
-        self.function, self.gpu, self.detail, self.code = function, gpu, detail, code
-
-
-class NvmlTimeout(NvmlError):
-    def __init__(
-        self, function: str, gpu: int | None, seconds: float, *, still_hung: bool = False
-    ) -> None:
-        detail = (
-            f"an earlier call is still hung (> {seconds:g}s)"
-            if still_hung
-            else f"no answer within {seconds:g}s"
-        )
-        super().__init__(function, gpu, detail, code=_TIMEOUT)
-        self.seconds, self.still_hung = seconds, still_hung
-
-
-class NvmlGpuLost(NvmlError):
-    """NVML_ERROR_GPU_IS_LOST: the GPU stopped answering (often it fell off the bus)."""
-
-
-class NvmlNotSupported(NvmlError):
-    """The GPU or driver does not support this query: NOT_APPLICABLE, never a fault."""
-
-
-class NvmlUnavailable(NvmlError):
-    """No usable NVML at all: library missing, driver not loaded, not initialised."""
-
-
-# --- typed readings -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int  # NVML index: counts present GPUs only
-    uuid: str
-    serial: str
-    name: str
-    pci_bus_id: str  # normalised "0000:18:00.0"
-
-    def evidence(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "uuid": self.uuid,
-            "serial": self.serial,
-            "name": self.name,
-            "pci_bus_id": self.pci_bus_id,
-        }
-
-
-@dataclass(frozen=True)
-class EccCounts:
-    volatile_sbe: int  # since the last driver load / GPU reset
-    volatile_dbe: int
-    aggregate_sbe: int  # lifetime (InfoROM)
-    aggregate_dbe: int
-
-
-@dataclass(frozen=True)
-class RetiredPages:
-    sbe: int  # pages retired for multiple single-bit errors
-    dbe: int  # pages retired for double-bit errors
-    pending: bool  # retirement waits for the next driver load / GPU reset
-
-    @property
-    def total(self) -> int:
-        return self.sbe + self.dbe
-
-
-@dataclass(frozen=True)
-class RemappedRows:
-    correctable: int
-    uncorrectable: int
-    pending: bool  # a remap waits for the next GPU reset
-    failure: bool  # a row could not be remapped: the bank ran out of spare rows
-
-
-@dataclass(frozen=True)
-class NvLinkStates:
-    links: tuple[bool, ...]  # index = link number, True = active
-
-    @property
-    def down(self) -> tuple[int, ...]:
-        return tuple(i for i, up in enumerate(self.links) if not up)
-
-
-@dataclass(frozen=True)
-class PcieLink:
-    cur_gen: int
-    cur_width: int
-    max_gen: int
-    max_width: int
-
-
-def decode_clock_event_reasons(mask: int) -> tuple[str, ...]:
-    names = [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
-    unknown = mask & ~sum(CLOCK_EVENT_REASONS)
-    if unknown:
-        names.append(f"0x{unknown:x}")
-    return tuple(names)
-
-
-@dataclass(frozen=True)
-class Thermal:
-    temperature_c: int
-    clock_event_reasons: int  # nvmlClocksEventReason* bitmask
-
-    @property
-    def reasons(self) -> tuple[str, ...]:
-        return decode_clock_event_reasons(self.clock_event_reasons)
-
-
-@dataclass(frozen=True)
-class TrendCounters:
-    """The counters that rise before a failure, read together for the trends check. None:
-    not supported on this GPU (no NVLink on a PCIe card, say). Counts since the driver
-    loaded (they restart at 0 after a GPU reset or a reload), except the lifetime ones."""
-
-    ecc_corrected: int | None  # volatile corrected (single-bit) ECC errors
-    remapped_rows: int | None  # lifetime: correctable + uncorrectable remapped rows
-    retired_pages: int | None  # lifetime: pages retired (multiple SBE + DBE)
-    pcie_replay: int | None  # PCIe replay counter
-    nvlink_crc: int | None  # NVLink CRC flit + data errors, every link
-    nvlink_replay: int | None  # NVLink replay + recovery errors, every link
-    throttle_ms: int | None  # power + thermal violation time, milliseconds
-
-    def values(self) -> dict[str, int | None]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    pid: int
-    used_mib: int | None  # None when NVML cannot tell (NVML_VALUE_NOT_AVAILABLE)
-
-
-@dataclass(frozen=True)
-class Utilization:
-    """nvmlDeviceGetUtilizationRates: percent of the last sample period the GPU ran a
-    kernel, and its memory was read or written."""
-
-    gpu_pct: int
-    memory_pct: int
-
-
-@dataclass(frozen=True)
-class MemoryUsage:
-    total_mib: int
-    used_mib: int  # excludes the driver's reservation where NVML reports it (v2)
-
-
-@dataclass(frozen=True)
-class CallHealth:
-    """How a GPU has answered NVML lately (consecutive counts reset by any success)."""
-
-    consecutive_timeouts: int = 0
-    consecutive_lost: int = 0
-    last_problem: str = ""  # "timeout" | "gpu_lost" | ""
-    last_function: str = ""
-    since: float | None = None  # monotonic time of the first failure in the current streak
-
-
-@dataclass(frozen=True)
-class RawEvent:
-    """One nvmlEventSetWait answer."""
-
-    gpu: int | None  # NVML index, None when the device handle was not one we registered
-    event_type: int  # nvmlEventType* bit
-    data: int  # the XID for nvmlEventTypeXidCriticalError
-
-
-# --- the protocol ---------------------------------------------------------------------------
-
-
-class NvmlClient(Protocol):
-    """What the GPU checks need from NVML. Every method may raise an `NvmlError` subclass."""
-
-    def driver_version(self) -> str: ...
-
-    def device_count(self) -> int: ...
-
-    def gpu_info(self, index: int, *, refresh: bool = False) -> GpuInfo: ...
-
-    def cached_gpu_info(self, index: int) -> GpuInfo | None: ...
-
-    def ecc_counts(self, index: int) -> EccCounts: ...
-
-    def retired_pages(self, index: int) -> RetiredPages: ...
-
-    def remapped_rows(self, index: int) -> RemappedRows: ...
-
-    def nvlink_states(self, index: int) -> NvLinkStates: ...
-
-    def pcie_link(self, index: int) -> PcieLink: ...
-
-    def thermal(self, index: int) -> Thermal: ...
-
-    def processes(self, index: int) -> tuple[GpuProcess, ...]: ...
-
-    def memory(self, index: int) -> MemoryUsage: ...
-
-    def persistence_mode(self, index: int) -> bool: ...
-
-    def call_health(self) -> dict[int, CallHealth]: ...
-
-    def sweep(self, plan: Sweep[R]) -> R:
-        """Run `plan`: each client call it yields is measured and its `Reading` sent back;
-        returns what the plan returns. The same calls, answers and streaks as `run_sweep`
-        (which a client without worker threads uses), however it is run."""
-        ...
-
-
-class NvmlEvents(Protocol):
-    """NVML's event API, for the XID listener. Call it from one dedicated thread: waits are
-    bounded by their own timeout and do not go through the per-call worker threads."""
-
-    def device_count(self) -> int: ...
-
-    def event_set_create(self) -> Any: ...
-
-    def register_events(self, event_set: Any, index: int, wanted: int) -> int: ...
-
-    def event_wait(self, event_set: Any, timeout_ms: int) -> RawEvent | None: ...
-
-    def event_set_free(self, event_set: Any) -> None: ...
-
-
-# --- readings: a value or a named problem, for observations ---------------------------------
-
-
-class Problem(StrEnum):
-    NOT_SUPPORTED = "not_supported"
-    TIMEOUT = "timeout"
-    GPU_LOST = "gpu_lost"
-    UNAVAILABLE = "unavailable"
-    ERROR = "error"
-
-
-@dataclass(frozen=True)
-class Reading(Generic[T]):
-    value: T | None = None
-    problem: Problem | None = None
-    detail: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.problem is None
-
-
-def problem_of(exc: NvmlError) -> Problem:
-    if isinstance(exc, NvmlNotSupported):
-        return Problem.NOT_SUPPORTED
-    if isinstance(exc, NvmlTimeout):
-        return Problem.TIMEOUT
-    if isinstance(exc, NvmlGpuLost):
-        return Problem.GPU_LOST
-    if isinstance(exc, NvmlUnavailable):
-        return Problem.UNAVAILABLE
-    return Problem.ERROR
-
-
-def measure(call: Callable[[], T]) -> Reading[T]:
-    """Run one client call; NVML failures become a Reading with a problem (other
-    exceptions propagate: they are bugs, and the runner reports them as check.error)."""
-    try:
-        return Reading(call())
-    except NvmlError as exc:
-        return Reading(None, problem_of(exc), str(exc))
-
-
-# A check's pass over the GPUs: yields client calls (each making one NVML call: a timeout
-# ends the call that yielded it, not more), is sent each call's Reading, returns its result.
-Sweep = Generator[Callable[[], Any], Reading[Any], R]
-
-
-def run_sweep(plan: Sweep[R]) -> R:
-    """Run a sweep in this thread, one `measure()` after another (the default for clients
-    and fakes without worker threads of their own)."""
-    try:
-        call = next(plan)
-        while True:
-            call = plan.send(measure(call))
-    except StopIteration as stop:
-        result: R = stop.value
-        return result
-
-
-# --- PCI bus ids ----------------------------------------------------------------------------
-
-
-def pci_key(bus_id: str) -> str:
-    """`domain:bus:device` in lower case with a 4-digit domain, the function dropped: the
-    form in which NVML ("00000000:18:00.0") and the kernel log ("PCI:0000:18:00") agree."""
-    text = bus_id.strip().lower().removeprefix("pci:")
-    parts = text.split(":")
-    if len(parts) == 2:
-        parts = ["0", *parts]
-    if len(parts) != 3:
-        raise ValueError(f"not a PCI bus id: {bus_id!r}")
-    domain, bus, device = parts
-    device = device.split(".")[0]
-    return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}"
-
-
-def normalize_pci_bus_id(bus_id: str) -> str:
-    """NVML's "00000000:18:00.0" as "0000:18:00.0" (lower case; function kept, 0 if absent)."""
-    text = bus_id.strip().lower().removeprefix("pci:")
-    function = text.rsplit(".", 1)[1] if "." in text.rsplit(":", 1)[-1] else "0"
-    return f"{pci_key(text)}.{int(function, 16):x}"
-
-
-# --- the pynvml implementation ---------------------------------------------------------------
-
-
-@dataclass
-class _Slot:
-    """What one call returned or raised."""
-
-    value: Any = None
-    error: BaseException | None = None
-
-
-_FIRST: Any = object()  # a sweep's first step: next(plan), nothing to send yet
-
-
-@dataclass(eq=False)
-class _SweepRun:
-    """One `sweep()`: the plan, its calls' time kept by `keeper` (each call an item tagged
-    with its GPU), and how it ended (set under the keeper's cond by the lane that ends it)."""
-
-    plan: Sweep[Any]
-    keeper: Timekeeper[int | None]
-    result: Any = None
-    error: BaseException | None = None
-
-
-@dataclass
-class _Streak:
-    timeouts: int = 0
-    lost: int = 0
-    last_problem: str = ""
-    last_function: str = ""
-    since: float | None = None
-
-
-def _load_pynvml() -> ModuleType:
-    import pynvml
-
-    module: ModuleType = pynvml
-    return module
-
-
-class PynvmlClient:
+class PynvmlClient(NvmlCalls):
     """`NvmlClient` and `NvmlEvents` over the official `pynvml` bindings.
 
     Construct it, then `open()` (or use it as a context manager); a client whose `open()`
@@ -459,235 +101,15 @@ class PynvmlClient:
         loader: Callable[[], ModuleType] = _load_pynvml,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.call_timeout = call_timeout
-        self.init_timeout = init_timeout
-        self._loader = loader
-        self._clock = clock
-        self._nv: ModuleType | None = None
-        self._opened = False
-        self._lock = threading.Lock()
-        self._init_lock = threading.Lock()
-        self._hung: dict[tuple[str, int | None], Item[int | None]] = {}  # calls that overran
-        self._workers = WorkerPool("nvml-call")
-        self._local = threading.local()  # .on: (sweep, lane) on a sweep's worker
-        self._streaks: dict[int, _Streak] = {}
+        super().__init__(
+            call_timeout=call_timeout, init_timeout=init_timeout, loader=loader, clock=clock
+        )
         self._info: dict[int, GpuInfo] = {}
         self._handle_index: dict[int, int] = {}  # device handle address -> index (events)
         self._own_calls: dict[int, set[str]] = {}  # GPU -> trend counters without fields
-        self._held = ""  # why NVML must stay shut ("": it may open)
 
-    # -- lifecycle
-
-    def open(self) -> PynvmlClient:
-        self._ensure_open()
-        return self
-
-    def close(self) -> None:
-        with self._init_lock:
-            if self._opened and self._nv is not None:
-                nv = self._nv
-                with suppress(NvmlError):
-                    self._run("nvmlShutdown", None, nv.nvmlShutdown, self.init_timeout)
-            self._opened = False
-
-    def __enter__(self) -> PynvmlClient:
-        return self.open()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _module(self) -> ModuleType:
-        if self._nv is None:
-            try:
-                self._nv = self._loader()
-            except ImportError as exc:
-                raise NvmlUnavailable("import pynvml", None, str(exc)) from exc
-        return self._nv
-
-    def hold_closed(self, why: str) -> None:
-        """While `why` is set, NVML is not initialised again: a call fails as unavailable
-        with that reason (a repair needs every handle of ours shut). "" lifts the hold."""
-        self._held = why
-
-    def _ensure_open(self) -> ModuleType:
-        nv = self._module()
-        if self._opened:
-            return nv
-        with self._init_lock:
-            if self._held:  # under the lock: close() for a repair waits for an init under way
-                raise NvmlUnavailable("nvmlInit", None, self._held)
-            if not self._opened:
-                with self._off_sweep(self.init_timeout + self.call_timeout):
-                    self._run("nvmlInit", None, nv.nvmlInit, self.init_timeout)
-                self._own_calls.clear()  # a new driver may give the fields
-                self._opened = True
-        return nv
-
-    @contextmanager
-    def _off_sweep(self, allow: float) -> Iterator[None]:
-        """On a sweep's worker, run the body's calls on a worker of their own with their own
-        deadline (the init: a hung one must not keep the init lock on the sweep's worker);
-        the sweep's caller gives the body `allow` seconds."""
-        on = getattr(self._local, "on", None)
-        if on is None:
-            yield
-            return
-        run, lane = on
-        self._local.on = None
-        try:
-            with run.keeper.item(lane, "nvmlInit", None, allow):
-                yield
-        finally:
-            self._local.on = on
-
-    # -- the deadline wrapper
-
-    def _translate(self, function: str, gpu: int | None, exc: BaseException) -> BaseException:
-        nv = self._nv
-        if nv is None or not isinstance(exc, nv.NVMLError):
-            return exc
-        code = getattr(exc, "value", None)
-        detail = str(exc)
-        if code == _GPU_IS_LOST:
-            return NvmlGpuLost(function, gpu, detail, code=code)
-        if code in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND):
-            return NvmlNotSupported(function, gpu, detail, code=code)
-        if code == _TIMEOUT:
-            return NvmlTimeout(function, gpu, 0.0)
-        if code in _UNAVAILABLE_CODES:
-            if code == _UNINITIALIZED:
-                self._opened = False
-            return NvmlUnavailable(function, gpu, detail, code=code)
-        return NvmlError(function, gpu, detail, code=code)
-
-    def _record(self, gpu: int | None, function: str, problem: str) -> None:
-        if gpu is None:
-            return
-        with self._lock:
-            streak = self._streaks.setdefault(gpu, _Streak())
-            if not problem:
-                self._streaks[gpu] = _Streak()
-                return
-            if streak.since is None:
-                streak.since = self._clock()
-            streak.last_problem, streak.last_function = problem, function
-            if problem == "timeout":
-                streak.timeouts += 1
-            elif problem == "gpu_lost":
-                streak.lost += 1
-
-    def _run(self, function: str, gpu: int | None, call: Callable[[], T], timeout: float) -> T:
-        key = (function, gpu)
-        with self._lock:
-            hung = self._hung.get(key)
-            if hung is not None and hung.returned():
-                del self._hung[key]
-                hung = None
-        if hung is not None:
-            self._record(gpu, function, "timeout")
-            raise NvmlTimeout(function, gpu, timeout, still_hung=True)
-        slot = _Slot()
-
-        def make_call() -> None:
-            try:
-                slot.value = call()
-            except BaseException as exc:
-                slot.error = exc
-
-        on = getattr(self._local, "on", None)
-        if on is not None:  # a sweep's worker: call directly, the sweep's caller keeps time
-            run, lane = on
-            with run.keeper.item(lane, function, gpu, timeout):
-                make_call()
-        else:
-            keeper: Timekeeper[int | None] = Timekeeper(self._workers)
-
-            def one_call(lane: Lane[int | None]) -> None:
-                with keeper.item(lane, function, gpu, timeout):
-                    make_call()
-
-            keeper.start(one_call, f"nvml-{function}")
-            overran = [item for _, item in keeper.overran()]
-            if overran:
-                with self._lock:
-                    self._hung[key] = overran[0]
-                self._record(gpu, function, "timeout")
-                raise NvmlTimeout(function, gpu, timeout)
-        if slot.error is not None:
-            error = self._translate(function, gpu, slot.error)
-            if isinstance(error, NvmlGpuLost):
-                self._record(gpu, function, "gpu_lost")
-            elif isinstance(error, NvmlTimeout):
-                self._record(gpu, function, "timeout")
-            elif isinstance(error, NvmlNotSupported):
-                self._record(gpu, function, "")  # the GPU answered
-            raise error
-        self._record(gpu, function, "")
-        return slot.value  # type: ignore[no-any-return]
-
-    # -- sweeps: one worker for a check's pass over the GPUs
-
-    def sweep(self, plan: Sweep[R]) -> R:
-        """Run `plan` on one worker: its calls run there one after another, each under its
-        deadline (healthd.deadlines); this thread waits for the end of the sweep, waking
-        only when the call in progress reaches its deadline. A call that overran is handled
-        as `_run` handles it (NvmlTimeout reading, remembered as hung, streak counted) and
-        the rest of the plan goes on on a new worker. A sweep inside a sweep runs in place."""
-        if getattr(self._local, "on", None) is not None:
-            return run_sweep(plan)
-        run = _SweepRun(plan, Timekeeper(self._workers))
-        with run.keeper.cond:
-            run.keeper.start(partial(self._drive, run, _FIRST), "nvml-sweep")
-            for _, overran in run.keeper.overran():
-                timed_out = self._timed_out(overran)
-                run.keeper.start(partial(self._drive, run, timed_out), "nvml-sweep")
-        if run.error is not None:
-            raise run.error
-        return run.result  # type: ignore[no-any-return]
-
-    def _timed_out(self, overran: Item[int | None]) -> Reading[Any]:
-        """A sweep's call that overran, left to its worker: remembered as hung, counted."""
-        function, gpu = overran.name, overran.tag
-        with self._lock:
-            self._hung[(function, gpu)] = overran
-        self._record(gpu, function, "timeout")
-        error = NvmlTimeout(function, gpu, overran.timeout)
-        return Reading(None, problem_of(error), str(error))
-
-    def _drive(self, run: _SweepRun, send: Any, lane: Lane[int | None]) -> None:
-        """A sweep's lane: advance the plan (sending `send`, the reading of the call the
-        previous lane was abandoned in) until it ends or this lane is abandoned."""
-        self._local.on = (run, lane)
-        result: Any = None
-        error: BaseException | None = None
-        try:
-            call = next(run.plan) if send is _FIRST else run.plan.send(send)
-            while True:
-                call = run.plan.send(measure(call))
-        except StopIteration as stop:
-            result = stop.value
-        except Abandoned:
-            raise
-        except BaseException as exc:  # a bug in the plan or a call: the caller raises it
-            error = exc
-        finally:
-            self._local.on = None
-        with run.keeper.cond:
-            if not lane.abandoned:
-                run.result, run.error = result, error
-
-    def _device(self, function: str, index: int, call: Callable[[ModuleType, Any], T]) -> T:
-        """Look the handle up and make the call in one worker thread, under one deadline."""
-        nv = self._ensure_open()
-
-        def both() -> T:
-            return call(nv, nv.nvmlDeviceGetHandleByIndex(index))
-
-        return self._run(function, index, both, self.call_timeout)
-
-    def _node(self, function: str, call: Callable[[ModuleType], T]) -> T:
-        nv = self._ensure_open()
-        return self._run(function, None, lambda: call(nv), self.call_timeout)
+    def _opened_anew(self) -> None:
+        self._own_calls.clear()  # a new driver may give the fields
 
     # -- NvmlClient
 
@@ -789,7 +211,7 @@ class PynvmlClient:
                     state = nv.nvmlDeviceGetNvLinkState(handle, link)
                 except nv.NVMLError as exc:
                     code = getattr(exc, "value", None)
-                    if links and code in (_NOT_SUPPORTED, _NOT_FOUND_INVALID_ARGUMENT):
+                    if links and code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
                         break  # past the device's last link
                     raise
                 links.append(state == nv.NVML_FEATURE_ENABLED)
@@ -873,7 +295,7 @@ class PynvmlClient:
                             total += int(nv.nvmlDeviceGetNvLinkErrorCounter(handle, link, c))
                     except nv.NVMLError as exc:
                         code = getattr(exc, "value", None)
-                        if link and code in (_NOT_SUPPORTED, _NOT_FOUND_INVALID_ARGUMENT):
+                        if link and code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
                             break  # past the device's last link
                         raise
                 return total
@@ -932,7 +354,7 @@ class PynvmlClient:
             codes = {int(f.nvmlReturn) for f in got} - {nv.NVML_SUCCESS}
             if not codes:
                 found[counter] = sum(_field_int(f) for f in got)
-            elif codes == {_NOT_SUPPORTED}:
+            elif codes == {NVML_ERROR_NOT_SUPPORTED}:
                 own.add(counter)
         return found
 
@@ -942,22 +364,7 @@ class PynvmlClient:
 
         return self._device("nvmlDeviceGetPersistenceMode", index, read)
 
-    def call_health(self) -> dict[int, CallHealth]:
-        with self._lock:
-            return {
-                gpu: CallHealth(s.timeouts, s.lost, s.last_problem, s.last_function, s.since)
-                for gpu, s in self._streaks.items()
-            }
-
     # -- NvmlEvents (direct calls: the listener owns its thread)
-
-    @contextmanager
-    def _direct(self, function: str, gpu: int | None) -> Iterator[ModuleType]:
-        nv = self._ensure_open()
-        try:
-            yield nv
-        except nv.NVMLError as exc:
-            raise self._translate(function, gpu, exc) from exc
 
     def event_set_create(self) -> Any:
         with self._direct("nvmlEventSetCreate", None) as nv:
@@ -1025,3 +432,54 @@ def _field_int(field: Any) -> int:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+__all__ = [
+    "CLOCK_EVENT_REASONS",
+    "DEFAULT_CALL_TIMEOUT",
+    "DEFAULT_INIT_TIMEOUT",
+    "EVENT_DBE",
+    "EVENT_SBE",
+    "EVENT_XID",
+    "MIB",
+    "NVML_ERROR_DRIVER_NOT_LOADED",
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_GPU_IS_LOST",
+    "NVML_ERROR_INVALID_ARGUMENT",
+    "NVML_ERROR_LIBRARY_NOT_FOUND",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_TIMEOUT",
+    "NVML_ERROR_UNINITIALIZED",
+    "UNAVAILABLE_CODES",
+    "CallHealth",
+    "EccCounts",
+    "GpuInfo",
+    "GpuProcess",
+    "MemoryUsage",
+    "NvLinkStates",
+    "NvmlClient",
+    "NvmlError",
+    "NvmlEvents",
+    "NvmlGpuLost",
+    "NvmlNotSupported",
+    "NvmlTimeout",
+    "NvmlUnavailable",
+    "PcieLink",
+    "Problem",
+    "PynvmlClient",
+    "RawEvent",
+    "Reading",
+    "RemappedRows",
+    "RetiredPages",
+    "Sweep",
+    "Thermal",
+    "TrendCounters",
+    "Utilization",
+    "decode_clock_event_reasons",
+    "measure",
+    "normalize_pci_bus_id",
+    "pci_key",
+    "problem_of",
+    "run_sweep",
+]
