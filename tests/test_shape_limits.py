@@ -27,7 +27,6 @@ LINES_ALLOWED = {
     "remediation/report.py": 946,
     "remediation/sweep/runner.py": 601,
     "remediation/tickets.py": 675,
-    "remediation/webhook.py": 787,
     "medic_core/settings.py": 722,
     "medic_core/slurm.py": 677,
     "medic_core/store/store.py": 639,

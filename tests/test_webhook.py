@@ -827,7 +827,7 @@ def test_any_answer_at_all_is_an_attempt_never_an_exception(raw: Any) -> None:
 @example("\u00b2")
 @example("Fri, 31 Dec 9999 23:59:59 GMT")
 def test_any_retry_after_text_is_read_without_raising(value: str) -> None:
-    from remediation.webhook import _retry_after
+    from remediation.webhook.sender import _retry_after
 
     seconds = _retry_after(value, time.time())
     assert seconds is None or 0 <= seconds <= 7 * 86400
