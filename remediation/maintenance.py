@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from medic_core.resilient import parse_resilient
 from medic_core.slurm import JobInfo, SlurmClient, SlurmError
-from remediation.sweep.runner import SweepSlurm
+from remediation.sweep.slurm import SweepSlurm
 
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 

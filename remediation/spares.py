@@ -65,7 +65,7 @@ from remediation.decide_spares import (
     spare_key,
 )
 from remediation.give_back import give_back
-from remediation.sweep.runner import SweepSlurm, _user
+from remediation.sweep.slurm import SweepSlurm, invoking_user
 
 log = logging.getLogger("medic.spares")
 
@@ -557,7 +557,9 @@ class SparePool:
         if pool:
             self.slurm.set_reservation_nodes(name, [*pool, node])
         else:
-            self.slurm.create_reservation(name, node, self.settings.hold_days * 24 * 60, _user())
+            self.slurm.create_reservation(
+                name, node, self.settings.hold_days * 24 * 60, invoking_user()
+            )
         book = DrainBook.of(self.store)  # called at the ladder's give-back of its episode
         outcome = give_back(self.slurm, book, node, actor=SPARES, resolving_its_episode=True).text
         self._event(node, Severity.INFO, f"{node} joined the spare pool {name} after the deep"

@@ -22,7 +22,7 @@ Three modules, imported one way only (an import-linter contract in pyproject.tom
 - `policy`: pure planning (`risk`, `rank`, `share_cap`, `next_batch`, `availability`,
   `judge`): no SQLAlchemy, no store, no Slurm command, no subprocess;
 - `store`: the `sweeps` and `sweep_nodes` tables, `SweepStore` and the one-sweep lock;
-- `runner`: `Sweeper`, which gathers from Slurm and the store and acts, and `SweepSlurm`
+- `runner`: `Sweeper`, which gathers from Slurm and the store and acts; `slurm`: `SweepSlurm`
   (the reservations and srun). The deep tier on the node itself (`medic sweep probe`) is
   `healthd.inline.deep_probe`, the daemon's side of the layers.
 
@@ -71,8 +71,8 @@ from remediation.sweep.runner import (
     Progress,
     Sweeper,
     SweepReport,
-    SweepSlurm,
 )
+from remediation.sweep.slurm import SweepSlurm
 from remediation.sweep.store import (
     METADATA,
     SWEEP_LOCK_KEY,

@@ -22,7 +22,7 @@ from medic_core.settings import SweepSettings
 from medic_core.slurm import NodeInfo, SlurmError
 from remediation.sweep.pairs import Pair, PairResult, judge_pair
 from remediation.sweep.policy import FAIL, INCONCLUSIVE, gres_request
-from remediation.sweep.runner import SweepSlurm
+from remediation.sweep.slurm import SweepSlurm
 
 PAIR_RESERVATION = "medic-sweep-pairs"
 

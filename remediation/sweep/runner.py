@@ -17,11 +17,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from medic_core import proc
 from medic_core.config import MedicConfig
 from medic_core.drain_reason import drain_if_allowed, format_reason
 from medic_core.settings import SweepSettings
-from medic_core.slurm import CliSlurm, NodeInfo, SlurmError
+from medic_core.slurm import NodeInfo, SlurmError
 from medic_core.status import Status
 from medic_core.store import Severity, Store
 from medic_core.vocabulary import Finding, Recommendation
@@ -51,6 +50,7 @@ from remediation.sweep.policy import (
     rank,
     summary,
 )
+from remediation.sweep.slurm import SweepSlurm, invoking_user
 from remediation.sweep.store import SweepNode, SweepStore
 
 log = logging.getLogger("medic.sweep")
@@ -59,56 +59,6 @@ EVENT_KIND = "sweep"
 # Seconds a reservation outlives the node's deep-tier timeout: room for srun to start and
 # for the sweep to record the result and delete it.
 RESERVATION_SLACK = 600.0
-
-
-# ---- Slurm: reservations and the probe job --------------------------------------------------
-
-
-class SweepSlurm(CliSlurm):
-    """Slurm's commands a sweep needs beyond the common client's."""
-
-    def create_reservation(
-        self, name: str, node: str, minutes: int, user: str, flags: Sequence[str] = ()
-    ) -> None:
-        """`flags`: Slurm's reservation flags, e.g. ("FLEX", "PURGE_COMP=60") (spares)."""
-        self._run(
-            "scontrol",
-            "create",
-            "reservation",
-            f"reservationname={name}",
-            f"nodes={node}",
-            "starttime=now",
-            f"duration={minutes}",
-            f"users={user}",
-            *([f"flags={','.join(flags)}"] if flags else []),
-        )
-
-    def reservation_exists(self, name: str) -> bool:
-        try:
-            self._run("scontrol", "show", "reservation", name)
-        except SlurmError as exc:
-            if "not found" in str(exc):
-                return False
-            raise
-        return True
-
-    def delete_reservation(self, name: str) -> bool:
-        """False when it was already gone (expired, or deleted before a crash)."""
-        try:
-            self._run("scontrol", "delete", f"reservation={name}")
-        except SlurmError as exc:
-            if not self.reservation_exists(name):
-                return False
-            raise SlurmError(f"cannot give back {name}: {exc}") from exc
-        return True
-
-    def cancel_reservation_jobs(self, name: str) -> None:
-        self._run("scancel", f"--reservation={name}")
-
-    def srun(
-        self, args: Sequence[str], timeout: float, env: Mapping[str, str]
-    ) -> proc.CommandResult:
-        return proc.run([self._binary("srun"), *args], timeout=timeout, env=env)
 
 
 # ---- the runner ------------------------------------------------------------------------------
@@ -355,7 +305,7 @@ class Sweeper:
             self._skip(row, why)
             return False
         self.rows.set_node(row.id, state=TAKING, taken_at=self.rows.now())
-        user = self.settings.reservation_user or _user()
+        user = self.settings.reservation_user or invoking_user()
         try:
             self.slurm.create_reservation(row.reservation, row.node, self._minutes(), user)
         except SlurmError as exc:  # busy since we looked (Slurm refuses), or gone
@@ -545,12 +495,6 @@ def _stored_verdict(row: SweepNode) -> NodeVerdict:
         for f in row.findings
     )
     return NodeVerdict(row.status or INCONCLUSIVE, "", findings, row.message)
-
-
-def _user() -> str:
-    import pwd
-
-    return pwd.getpwuid(os.getuid()).pw_name
 
 
 class _SweepLadderHost:
