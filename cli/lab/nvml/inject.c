@@ -4,7 +4,7 @@
  * without a GPU. Compiled against NVIDIA's own nvml.h, so gcc checks every signature.
  *
  * Scenario file: NVML_INJECT_SCENARIO ("{node}" -> MEDIC_NODE_NAME, else SLURMD_NODENAME),
- * "key=value" lines written by cli/lab/scenario.py. It is re-read whenever its identity
+ * "key=value" lines written by cli/lab/scenario/. It is re-read whenever its identity
  * (inode, size, mtime) changes, so faults reach a running process. See docs/nvml-injection.md.
  */
 #define _GNU_SOURCE
