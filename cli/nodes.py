@@ -418,7 +418,7 @@ def show(
     """A node's Slurm state, conditions, recent events, episodes with their steps, and RMA
     tickets."""
     from cli.admin import EVENT_HEADERS, episode_json, event_json, event_rows
-    from cli.rma import LIST_HEADERS, list_rows, ticket_lines
+    from cli.rma_lines import LIST_HEADERS, list_rows, ticket_lines
     from medic_core.drain_book import DrainBook, Holding
     from remediation.episodes import NEEDS_HUMAN, EpisodeStore
 

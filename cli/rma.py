@@ -1,18 +1,13 @@
 """`medic rma list|show|open|update|close|retry`: RMA tickets from the store (remediation.tickets;
 docs/rma.md), for the operator following a part back to the vendor and the node back into
-service.
-
-`ticket_lines()` is the query behind `medic rma list`: the tickets' columns without their
-evidence (which can be large), and each ticket's newest audit row, in one query whatever
-the history's size (bench/cli_rma.py times it on a 10,000-node fleet).
+service: the click commands. The list's query and cells are in cli/rma_lines.py, what
+`show` tells of one ticket in cli/rma_detail.py.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +17,6 @@ from cli.common import (
     EXIT_USAGE,
     AdminError,
     actor,
-    age,
-    clip,
     config_option,
     echo_json,
     echo_table,
@@ -38,175 +31,38 @@ from cli.common import (
     when,
 )
 from cli.complete import complete_node, complete_open_ticket, complete_ticket
-from medic_core.store_reader import Reader, placeholders, reader_of
+from cli.rma_detail import (
+    audit_json,
+    audit_rows,
+    deliveries,
+    evidence_summary,
+    linked_episodes,
+    requalification_line,
+    ticket_json,
+)
+from cli.rma_lines import (
+    LIST_HEADERS,
+    STATE_WORDS,
+    gpus_cell,
+    list_rows,
+    list_summary,
+    state_cell,
+    ticket_lines,
+)
 from remediation.ticket_states import NEXT_STATES, TicketState
 
 if TYPE_CHECKING:
     from medic_core.store import Store
-    from remediation.tickets import AuditEntry, Ticket
+    from remediation.tickets import Ticket
 
 # `medic rma list` reads the store through the driver alone (cli.common.read_store); the other
 # commands import the store proper (SQLAlchemy) and remediation.tickets where they use them.
 
-STATE_WORDS = tuple(s.value for s in TicketState)
 OPEN_WORDS = tuple(s.value for s in TicketState if s is not TicketState.CLOSED)
 # What `update --state` takes; closing has its own command (it triggers re-qualification).
 UPDATE_WORDS = tuple(w for w in OPEN_WORDS if w != TicketState.OPEN.value)
 FAULT_CLASS = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)*$")
 EVIDENCE_EVENTS = 50  # recent events of the node a manual ticket carries
-LIST_HEADERS = (
-    "TICKET", "NODE", "STATE", "FAULT", "GPUS", "VENDOR REF", "OPENED", "UPDATED", "BY",
-    "SUMMARY",
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class TicketLine:
-    """One row of `medic rma list`: a ticket without its evidence, and its last change."""
-
-    id: int
-    node: str
-    state: str
-    fault_class: str
-    summary: str
-    gpus: tuple[int, ...]
-    resolution: str
-    requalify: bool
-    external_id: str
-    external_url: str
-    created_at: dt.datetime
-    updated_at: dt.datetime
-    closed_at: dt.datetime | None
-    last_actor: str
-    last_note: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "node": self.node,
-            "state": self.state,
-            "fault_class": self.fault_class,
-            "summary": self.summary,
-            "gpus": list(self.gpus),
-            "resolution": self.resolution,
-            "requalify": self.requalify,
-            "vendor_ref": self.external_id,
-            "vendor_url": self.external_url,
-            "created_at": iso(self.created_at),
-            "updated_at": iso(self.updated_at),
-            "closed_at": iso(self.closed_at),
-            "last_actor": self.last_actor,
-            "last_note": self.last_note,
-        }
-
-
-def _aware(value: dt.datetime) -> dt.datetime:
-    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-
-
-def ticket_lines(
-    source: Store | Reader, states: Sequence[str] | None = None, node: str | None = None
-) -> list[TicketLine]:
-    """Tickets by id, in `states` (all when None), of `node` (all when None)."""
-    if not isinstance(source, Reader):
-        with reader_of(source) as reader:
-            return ticket_lines(reader, states, node)
-    where: list[str] = []
-    params: list[Any] = []
-    newest_where = ""
-    if states is not None:
-        where.append(f"t.state IN ({placeholders(states)})")
-        newest_where = (
-            f" WHERE ticket_id IN (SELECT id FROM rma_tickets WHERE state IN"
-            f" ({placeholders(states)}))"
-        )
-        params += states  # the subquery's, first in the text
-    if node is not None:
-        where.append("t.node = ?")
-    query = (
-        "SELECT t.id, t.node, t.state, t.fault_class, t.summary, t.gpus, t.resolution,"
-        " t.requalify, t.external_id, t.external_url, t.created_at, t.updated_at,"
-        " t.closed_at, a.actor, a.note"
-        " FROM rma_tickets AS t"
-        " LEFT OUTER JOIN (SELECT ticket_id, max(id) AS id FROM rma_audit"
-        f"{newest_where} GROUP BY ticket_id) AS newest ON newest.ticket_id = t.id"
-        " LEFT OUTER JOIN rma_audit AS a ON a.id = newest.id"
-        + (" WHERE " + " AND ".join(where) if where else "")
-        + " ORDER BY t.id"
-    )
-    if states is not None:
-        params += states
-    if node is not None:
-        params.append(node)
-    reader = source
-    return [_line(reader, r) for r in reader.rows(query, params)]
-
-
-def _line(reader: Reader, r: Any) -> TicketLine:
-    # Unpacked by position: a Row's attribute access is most of the cost on 3,000 tickets.
-    (
-        id_,
-        node,
-        state,
-        fault_class,
-        summary,
-        gpus,
-        resolution,
-        requalify,
-        external_id,
-        external_url,
-        created_at,
-        updated_at,
-        closed_at,
-        last_actor,
-        last_note,
-    ) = r
-    when = reader.when
-    created, updated = when(created_at), when(updated_at)
-    assert created is not None and updated is not None
-    return TicketLine(
-        int(id_), node, state, fault_class, summary,
-        tuple(int(g.get("index", -1)) for g in reader.data(gpus) or ()), resolution,
-        bool(requalify), external_id, external_url, created, updated, when(closed_at),
-        last_actor or "", last_note or "",
-    )  # fmt: skip
-
-
-def state_cell(state: str, resolution: str, requalify: bool) -> str:
-    """`closed (replaced)`, `closed (cancelled), requalify` for a closed ticket."""
-    if state != TicketState.CLOSED.value:
-        return state
-    word = f"{state} ({resolution})" if resolution else state
-    return f"{word}, requalify" if requalify else word
-
-
-def gpus_cell(gpus: Sequence[int]) -> str:
-    return ",".join(str(g) for g in gpus) if gpus else "-"
-
-
-def list_rows(lines: Iterable[TicketLine], now: dt.datetime) -> list[list[str]]:
-    return [
-        [
-            str(t.id), t.node, state_cell(t.state, t.resolution, t.requalify), t.fault_class,
-            gpus_cell(t.gpus), t.external_id or "-", when(t.created_at),
-            f"{age(t.updated_at, now)} ago", t.last_actor or "-", clip(t.summary, 60),
-        ]
-        for t in lines
-    ]  # fmt: skip
-
-
-def list_summary(lines: Sequence[TicketLine]) -> str:
-    """`3 tickets: 1 open, 1 submitted, 1 closed (1 waiting for re-qualification)`."""
-    counts = {w: 0 for w in STATE_WORDS}
-    for t in lines:
-        counts[t.state] = counts.get(t.state, 0) + 1
-    parts = [f"{n} {w}" for w, n in counts.items() if n]
-    waiting = sum(1 for t in lines if t.requalify)
-    tail = f" ({waiting} waiting for re-qualification)" if waiting else ""
-    noun = "ticket" if len(lines) == 1 else "tickets"
-    return f"{len(lines)} {noun}: {', '.join(parts)}{tail}"
-
-
 # --- medic rma ------------------------------------------------------------------------------
 
 
@@ -276,149 +132,6 @@ def _ticket_or_fail(store: Store, ticket_id: int) -> Ticket:
             "list them with `medic rma list --all`",
         )
     return ticket
-
-
-@dataclass(frozen=True)
-class Deliveries:
-    """The ticket's webhook notifications, by state."""
-
-    pending: int = 0
-    delivered: int = 0
-    failed: int = 0
-    last_error: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "pending": self.pending,
-            "delivered": self.delivered,
-            "failed": self.failed,
-            "last_error": self.last_error,
-        }
-
-    def line(self) -> str:
-        if not (self.pending or self.delivered or self.failed):
-            return "notifications: none"
-        text = (
-            f"notifications: {self.delivered} delivered, {self.pending} pending, "
-            f"{self.failed} failed"
-        )
-        return text + (f" (last error: {clip(self.last_error, 80)})" if self.last_error else "")
-
-
-def deliveries(store: Store, ticket_id: int) -> Deliveries:
-    from sqlalchemy import func, select
-
-    from medic_core.store.models import RmaOutboxRow
-    from remediation import tickets as rma
-
-    o = RmaOutboxRow.__table__
-    counts_query = (
-        select(o.c.state, func.count()).where(o.c.ticket_id == ticket_id).group_by(o.c.state)
-    )
-    error_query = (
-        select(o.c.last_error)
-        .where(o.c.ticket_id == ticket_id, o.c.last_error != "")
-        .order_by(o.c.id.desc())
-        .limit(1)
-    )
-    with store.engine.connect() as conn:
-        counts = {str(s): int(n) for s, n in conn.execute(counts_query).all()}
-        error = conn.execute(error_query).scalar_one_or_none()
-    return Deliveries(
-        pending=counts.get(rma.OUTBOX_PENDING, 0),
-        delivered=counts.get(rma.OUTBOX_DELIVERED, 0),
-        failed=counts.get(rma.OUTBOX_FAILED, 0),
-        last_error=error or "",
-    )
-
-
-@dataclass(frozen=True)
-class EpisodeRef:
-    id: int
-    state: str
-    rung: int
-    opened_at: dt.datetime
-
-
-def linked_episodes(store: Store, ticket_id: int) -> list[EpisodeRef]:
-    """The remediation episodes that ended in this ticket."""
-    from sqlalchemy import select
-
-    from remediation import episodes as ep
-
-    e = ep.episodes
-    query = (
-        select(e.c.id, e.c.state, e.c.rung, e.c.opened_at)
-        .where(e.c.ticket_id == ticket_id)
-        .order_by(e.c.id)
-    )
-    with store.engine.connect() as conn:
-        rows = conn.execute(query).all()
-    return [EpisodeRef(int(r.id), r.state, int(r.rung), _aware(r.opened_at)) for r in rows]
-
-
-def evidence_summary(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(key, what it holds) for each top-level key: `3 items`, `2 keys`, or the value."""
-    out = []
-    for key, value in evidence.items():
-        if isinstance(value, list):
-            what = f"{len(value)} item" + ("" if len(value) == 1 else "s")
-        elif isinstance(value, dict):
-            what = f"{len(value)} key" + ("" if len(value) == 1 else "s")
-        else:
-            what = clip(str(value), 80)
-        out.append((key, what))
-    return out
-
-
-def audit_json(entry: AuditEntry) -> dict[str, Any]:
-    return {
-        "id": entry.id,
-        "at": iso(entry.at),
-        "actor": entry.actor,
-        "from": entry.from_state.value if entry.from_state else None,
-        "to": entry.to_state.value,
-        "note": entry.note,
-    }
-
-
-def audit_rows(trail: Iterable[AuditEntry]) -> list[list[str]]:
-    return [
-        ["  " + when(e.at), e.actor, e.from_state.value if e.from_state else "-", e.to_state.value,
-         clip(e.note, 80) or "-"]
-        for e in trail
-    ]  # fmt: skip
-
-
-def requalification_line(ticket: Ticket, trail: Sequence[AuditEntry]) -> str:
-    if ticket.is_open:
-        return "re-qualification: after the ticket is closed"
-    if ticket.requalify:
-        return f"re-qualification: pending ({ticket.node} must pass it before it takes jobs)"
-    done = [e for e in trail if e.from_state is TicketState.CLOSED]
-    if done:
-        return f"re-qualification: passed {when(done[-1].at)} ({done[-1].actor})"
-    return "re-qualification: not needed"
-
-
-def ticket_json(ticket: Ticket) -> dict[str, Any]:
-    return {
-        "id": ticket.id,
-        "node": ticket.node,
-        "state": ticket.state.value,
-        "fault_class": ticket.fault_class,
-        "summary": ticket.summary,
-        "component": ticket.component,
-        "reason": ticket.reason,
-        "gpus": [g.as_dict() for g in ticket.gpus],
-        "resolution": ticket.resolution,
-        "requalify": ticket.requalify,
-        "vendor_ref": ticket.external_id,
-        "vendor_url": ticket.external_url,
-        "created_at": iso(ticket.created_at),
-        "updated_at": iso(ticket.updated_at),
-        "closed_at": iso(ticket.closed_at),
-    }
 
 
 @rma_group.command("show")
@@ -757,4 +470,4 @@ def rma_retry(ticket_id: int | None, store_url: str | None, config_path: Path | 
 # `rma` is the name operators type; `rma_group` keeps the Python name free for the module.
 rma_command = rma_group
 
-__all__ = ["TicketLine", "rma_command", "ticket_lines"]
+__all__ = ["rma_command"]
