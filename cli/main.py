@@ -50,7 +50,9 @@ COMMANDS: dict[str, LazyCommand] = {
         "cli.nodes", "nodes", "Which nodes are out, why, and what Medic is doing about them."
     ),
     "node": LazyCommand(
-        "cli.nodes", "node", "One node: show it, or drain, resume or reboot it through Slurm."
+        "cli.node_commands",
+        "node",
+        "One node: show it, or drain, resume or reboot it through Slurm.",
     ),
     "events": LazyCommand(
         "cli.admin", "events", "What happened: events from the store, newest first."

@@ -16,7 +16,8 @@ from click.testing import CliRunner, Result
 
 from cli.admin import config, events, jobs, remediation
 from cli.lab.cluster import Lab
-from cli.nodes import node, nodes
+from cli.node_commands import node
+from cli.nodes import nodes
 from medic_core.drain_book import DrainBook
 from medic_core.store import ConditionUpdate, Store, open_store
 from remediation import tickets

@@ -14,11 +14,13 @@ from click.testing import CliRunner, Result
 
 import cli.admin
 import cli.episode
+import cli.node_commands
 import cli.nodes
 from cli import node_view
 from cli.admin import jobs, remediation
 from cli.episode import episode
-from cli.nodes import node, nodes
+from cli.node_commands import node
+from cli.nodes import nodes
 from medic_core.drain_book import DrainBook
 from medic_core.drain_reason import is_medic_reason
 from medic_core.settings import RemediationSettings
@@ -38,7 +40,7 @@ NOW = dt.datetime.now(dt.UTC)
 def slurm(monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     """Nodes added by each test; the commands' drains and resumes change them, recorded."""
     fake = FakeSlurm()
-    for module in (cli.admin, cli.nodes, cli.episode):
+    for module in (cli.admin, cli.nodes, cli.node_commands, cli.episode):
         monkeypatch.setattr(module, "slurm_client", lambda config: fake)
     monkeypatch.setenv("USER", "alice")
     monkeypatch.delenv("SUDO_USER", raising=False)

@@ -19,7 +19,8 @@ from cli.admin import actor
 from cli.lab import scenario
 from cli.lab.cluster import Lab
 from cli.main import medic
-from cli.nodes import node, nodes
+from cli.node_commands import node
+from cli.nodes import nodes
 from cli.rma import rma_command
 from medic_core import proc
 from medic_core.store import ConditionUpdate, Store, open_store

@@ -28,7 +28,7 @@ from cli.admin import jobs, remediation
 from cli.episode import episode as episode_cli
 from cli.lab.cluster import Lab
 from cli.lab.slurm_conf import with_check_options
-from cli.nodes import node
+from cli.node_commands import node
 from medic_core import proc
 from medic_core.store import Store, open_store
 from remediation import episodes as ep

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cli.episode import episode
-from cli.nodes import node
+from cli.node_commands import node
 from medic_core import journal
 from medic_core.config import NodePaths
 from medic_core.drain_book import DrainBook, Holding, judge, operator

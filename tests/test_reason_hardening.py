@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cli.nodes import node
+from cli.node_commands import node
 from medic_core.drain_reason import (
     MAX_ADMIN_REASON,
     MAX_REASON,

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.lab.cluster import Lab
-from cli.nodes import node
+from cli.node_commands import node
 from medic_core.drain_reason import as_slurm_stores, claims_medic_prefix, is_medic_reason
 from medic_core.store import open_store
 

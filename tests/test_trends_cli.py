@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from click.testing import CliRunner
 
-from cli.nodes import node
+from cli.node_commands import node
 from cli.trend_view import trend_lines
 from medic_core.store import ConditionUpdate, open_store
 

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.lab.cluster import Lab
-from cli.nodes import node
+from cli.node_commands import node
 from medic_core.store import Store, open_store
 from remediation import episodes as ep
 from tests.conftest import poll
