@@ -24,7 +24,7 @@ from medic_core.store import Severity, Store
 
 if TYPE_CHECKING:
     from medic_core.vocabulary import Finding
-    from remediation.tickets import NodeRails
+    from remediation.tickets.rails import NodeRails
 
 log = logging.getLogger("medic.healthd")
 

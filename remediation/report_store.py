@@ -32,8 +32,8 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from medic_core.store import Store
 from medic_core.store.models import ConditionRow, EventRow, RmaTicketRow, UTCDateTime
 from remediation import episodes as ep
-from remediation.report import (
-    FAULT_LOOKBACK,
+from remediation.report.jobs import FAULT_LOOKBACK
+from remediation.report.rows import (
     INTERRUPTING,
     REBOOT_SEEN,
     EpisodeRow,

@@ -1,4 +1,4 @@
-"""`medic report`'s arithmetic (remediation/report.py, remediation/whatif.py) on hand-built
+"""`medic report`'s arithmetic (remediation/report/, remediation/whatif.py) on hand-built
 rows: no store, no clock."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from medic_core.store import Severity, Store, open_store
 from remediation import episodes as ep
 from remediation import report_store as rs
 from remediation import tickets
-from remediation.report import REBOOT_SEEN
+from remediation.report.rows import REBOOT_SEEN
 from slurm_hooks.checkpoint import CheckpointDir
 from tests.pg import PostgresServer, pg_server  # noqa: F401
 

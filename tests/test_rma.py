@@ -23,6 +23,7 @@ from medic_core.store.engine import writer
 from medic_core.store.models import RmaTicketRow
 from remediation import tickets as rma
 from remediation.tickets import Gpu, TicketError, TicketState
+from remediation.tickets.lifecycle import _insert_if_none_open
 from remediation.webhook import deliver_round, outbox
 from tests.pg import PostgresServer, pg_server  # noqa: F401  (pytest fixture)
 
@@ -275,7 +276,7 @@ def test_the_insert_that_loses_a_race_does_nothing(store: Store) -> None:
         "updated_at": T0,
     }
     with writer(store.engine).begin() as conn:
-        statement = rma._insert_if_none_open(store.backend, values)
+        statement = _insert_if_none_open(store.backend, values)
         assert conn.execute(statement).first() is None
     assert [t.id for t in rma.list_tickets(store)] == [ticket.id]
 
