@@ -17,12 +17,14 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from cli.lab.cluster import Lab
 from cli.lab.production import REPO, UNIT, can_sandbox, install_wheel, unit_capabilities
+from cli.lab.slurm_conf import LabSpec
 from medic_core import proc
 from medic_core.store import Store, open_store
 from remediation.ladder import Rung
@@ -55,19 +57,29 @@ def wheel_venv() -> Path:
         return ready
 
 
-@pytest.fixture(scope="module")
-def production_lab() -> Iterator[Lab]:
+@contextmanager
+def a_production_lab(
+    prefix: str, spec: LabSpec | None = None, venv_bin: Path | None = None
+) -> Iterator[Lab]:
+    """A lab in production mode, up until the block ends, then down and removed (also used
+    by tests/test_slurm_releases_production_lab.py, on the releases' roots)."""
     # A short directory: slurmstepd's socket paths must fit in 107 bytes.
-    root = Path(tempfile.mkdtemp(prefix="prod-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
-        lab = Lab(root / "lab", venv_bin=wheel_venv())
-        lab.up(sandbox_unit=UNIT)
+        lab = Lab(root / "lab", venv_bin=venv_bin) if venv_bin else Lab(root / "lab")
         try:
+            lab.up(spec, timeout=60, sandbox_unit=UNIT)
             yield lab
         finally:
             lab.down()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def production_lab() -> Iterator[Lab]:
+    with a_production_lab("prod-", venv_bin=wheel_venv()) as lab:
+        yield lab
 
 
 @pytest.fixture

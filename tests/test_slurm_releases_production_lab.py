@@ -7,18 +7,19 @@ root's Python (3.13), not from the wheel: the wheel's venv is the host's Python 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cli.lab.cluster import Lab
-from cli.lab.production import UNIT, can_sandbox
+from cli.lab.production import can_sandbox
 from cli.lab.slurm_conf import LabSpec
-from medic_core.store import Store, open_store
+from medic_core.store import Store
 from tests import test_production_lab as production_tests
+from tests.test_production_lab import a_production_lab
+from tests.test_production_lab import lab as lab  # the fixtures, on this module's lab
+from tests.test_production_lab import n2_store as n2_store
 from tests.test_remediation import MATRIX
 
 RELEASES = ("24.11", "26.05")
@@ -32,28 +33,10 @@ ROW = "hardware_fault_everything_fails"
 
 @pytest.fixture(scope="module", params=RELEASES)
 def production_lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
-    top = Path(tempfile.mkdtemp(prefix="rprod-", dir="/tmp"))  # slurmstepd's socket paths
-    lab = Lab(top / "lab")
-    try:
-        lab.up(LabSpec(slurm=request.param), timeout=60, sandbox_unit=UNIT)
-        with pytest.MonkeyPatch.context() as env:
-            env.setenv("MEDIC_SLURM_BIN", str(lab.layout.slurm_bin))
-            yield lab
-    finally:
-        lab.down()
-        shutil.rmtree(top, ignore_errors=True)
-
-
-@pytest.fixture
-def lab(production_lab: Lab) -> Lab:
-    production_lab.reset()
-    return production_lab
-
-
-@pytest.fixture
-def n2_store(lab: Lab) -> Iterator[Store]:
-    with open_store(f"sqlite:///{lab.node('n2').state_dir / 'medic.db'}") as store:
-        yield store
+    spec = LabSpec(slurm=request.param)
+    with a_production_lab("rprod-", spec) as lab, pytest.MonkeyPatch.context() as env:
+        env.setenv("MEDIC_SLURM_BIN", str(lab.layout.slurm_bin))
+        yield lab
 
 
 def test_every_rung_fails_to_an_rma_in_production_mode(
