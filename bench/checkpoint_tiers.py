@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_hooks import checkpoint as ck
+from slurm_hooks.checkpoint import commit, node_local
 
 GIB = 1 << 30
 CHUNK = 16 << 20  # bytes per write or read of the synthetic checkpoint
@@ -99,7 +100,7 @@ class Durable:
 @contextlib.contextmanager
 def limited_library(durable: Durable) -> Iterator[None]:
     """The library's hashing and drain copy, rate-limited where they touch the durable tier."""
-    real_sha, real_copy = ck._sha256, ck._copy_file
+    real_sha, real_copy = commit._sha256, node_local._copy_file
 
     def sha256(path: Path) -> str:
         if not durable.under(path):
@@ -118,11 +119,11 @@ def limited_library(durable: Durable) -> Iterator[None]:
                 durable.limiter.take(len(chunk))
                 target.write(chunk)
 
-    ck._sha256, ck._copy_file = sha256, copy  # type: ignore[assignment]
+    commit._sha256, node_local._copy_file = sha256, copy  # type: ignore[assignment]
     try:
         yield
     finally:
-        ck._sha256, ck._copy_file = real_sha, real_copy  # type: ignore[assignment]
+        commit._sha256, node_local._copy_file = real_sha, real_copy  # type: ignore[assignment]
 
 
 def _job_write(durable: Durable, tmp: Path, size: int, block: bytes) -> None:

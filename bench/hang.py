@@ -37,6 +37,7 @@ from healthd.progress import prepare_dir, read_beat
 from medic_core import heartbeat
 from slurm_hooks import checkpoint
 from slurm_hooks.checkpoint import Progress as Writer
+from slurm_hooks.checkpoint import progress_heartbeat
 
 
 def _per_call_ns(fn: Any, calls: int, batches: int) -> float:
@@ -55,7 +56,7 @@ def micro(calls: int, batches: int) -> dict[str, Any]:
         prepare_dir(directory)
         env = {"SLURM_JOB_ID": "1", "SLURMD_NODENAME": "n1", heartbeat.DIR_ENV: str(directory)}
         writer = Writer(env=env)
-        checkpoint._progress = Writer(env=env)  # what progress() opens on its first call
+        progress_heartbeat._progress = Writer(env=env)  # what progress() opens on its first call
 
         def empty(i: int) -> None:
             return None

@@ -1,4 +1,4 @@
-"""`medic ckpt`: a job's checkpoints from the shell (see slurm_hooks/checkpoint.py)."""
+"""`medic ckpt`: a job's checkpoints from the shell (see slurm_hooks/checkpoint/)."""
 
 from __future__ import annotations
 

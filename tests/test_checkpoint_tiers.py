@@ -1,5 +1,6 @@
-"""The node-local checkpoint tier (slurm_hooks/checkpoint.py, LocalTier): commit locally,
-drain to the durable directory in the background, resume from the newest verified copy."""
+"""The node-local checkpoint tier (slurm_hooks/checkpoint/node_local.py, LocalTier): commit
+locally, drain to the durable directory in the background, resume from the newest verified
+copy."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from slurm_hooks import checkpoint
 from slurm_hooks.checkpoint import (
     DURABLE,
     LOCAL,
@@ -29,6 +29,7 @@ from slurm_hooks.checkpoint import (
     CheckpointError,
     step_name,
 )
+from slurm_hooks.checkpoint import commit as commit_points
 from tests.conftest import poll
 
 COMMIT_POINTS = ["local:written", "local:synced", "local:manifest", "local:renamed"]
@@ -55,10 +56,10 @@ class Crash(BaseException):
 @pytest.fixture
 def fault() -> Iterator[Callable[[Callable[[str], None] | None], None]]:
     def set_fault(hook: Callable[[str], None] | None) -> None:
-        checkpoint._fault = hook
+        commit_points._fault = hook
 
     yield set_fault
-    checkpoint._fault = None
+    commit_points._fault = None
 
 
 def tiers(tmp_path: Path, **kwargs: object) -> CheckpointDir:
@@ -225,7 +226,7 @@ def test_a_kill_at_any_point_never_leaves_an_unverified_latest(tmp_path: Path, p
             write(ckpt, 0)
             ckpt.drain(timeout=30)
             passes["n"] = 0
-            checkpoint._fault = die
+            commit_points._fault = die
             write(ckpt, 1)
             ckpt.drain(timeout=30)
         finally:
@@ -366,7 +367,7 @@ class TierHistory(RuleBasedStateMachine):
             if at == point:
                 raise Crash(point)
 
-        checkpoint._fault = die
+        commit_points._fault = die
         try:
             if point.startswith("local"):
                 self.next_step += 1
@@ -376,7 +377,7 @@ class TierHistory(RuleBasedStateMachine):
         except (Crash, CheckpointError):
             pass
         finally:
-            checkpoint._fault = None
+            commit_points._fault = None
         self.ckpt = self._open()  # the job restarts
 
     @rule(which=st.integers(0, 100), drop_manifest=st.booleans())
@@ -401,7 +402,7 @@ class TierHistory(RuleBasedStateMachine):
         assert used <= self.CAP
 
     def teardown(self) -> None:
-        checkpoint._fault = None
+        commit_points._fault = None
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

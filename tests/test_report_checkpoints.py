@@ -11,13 +11,16 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import medic
-from cli.report import checkpoint_marks
+from cli.report_gather import checkpoint_marks
 from slurm_hooks import checkpoint as ck
 from slurm_hooks.checkpoint import CheckpointDir
+from slurm_hooks.checkpoint import commit as ck_commit
+from slurm_hooks.checkpoint import ledger as ck_ledger
 
 
 class Clock:
-    """Stands in for the module `time` inside slurm_hooks.checkpoint: each call of time()
+    """Stands in for the module `time` in the commit and the resume mark (slurm_hooks.checkpoint's
+    commit and ledger modules): each call of time()
     returns the next of `times`."""
 
     def __init__(self, *times: float) -> None:
@@ -33,13 +36,17 @@ def test_a_commit_records_when_it_began_and_ended_and_a_resume_its_time_and_step
     root = tmp_path / "ckpt"
     job = {"SLURM_JOB_ID": "8"}
     # The job's own code, unchanged: writing(step) to commit, latest() to resume.
-    monkeypatch.setattr(ck, "time", Clock(1000.0, 1003.5, 2000.0, 2001.25))
+    clock = Clock(1000.0, 1003.5, 2000.0, 2001.25)
+    for module in (ck_commit, ck_ledger):
+        monkeypatch.setattr(module, "time", clock)
     first = CheckpointDir(root, env=job)
     with first.writing(10) as tmp:
         (tmp / "w").write_text("10")
     with first.writing(20) as tmp:
         (tmp / "w").write_text("20")
-    monkeypatch.setattr(ck, "time", Clock(2100.0))
+    clock = Clock(2100.0)
+    for module in (ck_commit, ck_ledger):
+        monkeypatch.setattr(module, "time", clock)
     again = CheckpointDir(root, env={**job, "SLURM_RESTART_COUNT": "1"})
     found = again.latest()
     assert found is not None and (found.step, found.started, found.time) == (20, 2000.0, 2001.25)

@@ -27,8 +27,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cli.main import medic
-from cli.report import checkpoint_marks, print_report
+from cli.report_gather import checkpoint_marks
 from cli.report_html import page
+from cli.report_tables import print_report
 from remediation import episodes as ep
 from remediation import ladder as ladder_module
 from remediation import report as rp
@@ -36,10 +37,14 @@ from remediation import report_store as rs
 from remediation import whatif as wi
 from slurm_hooks import checkpoint as ck
 from slurm_hooks.checkpoint import LEDGER, CheckpointDir, LedgerRecord, parse_ledger
+from slurm_hooks.checkpoint import commit as ck_commit
+from slurm_hooks.checkpoint import ledger as ck_ledger
+from slurm_hooks.checkpoint import prune as ck_prune
 from tests.test_ladder_unit import XID_79, World, template_db, world  # noqa: F401 (fixtures)
 
 JOB = "77"
 T0 = 1_800_000_000.0  # the job's first second (epoch seconds; 2027)
+CLOCKED = (ck_commit, ck_ledger, ck_prune)  # the modules that read the wall clock
 
 
 def utc(seconds: float) -> dt.datetime:
@@ -47,7 +52,8 @@ def utc(seconds: float) -> dt.datetime:
 
 
 class FakeTime:
-    """Stands in for the module `time` inside slurm_hooks.checkpoint: the job's clock."""
+    """Stands in for the module `time` inside slurm_hooks.checkpoint's commit, ledger and
+    prune modules (CLOCKED): the job's clock."""
 
     def __init__(self, now: float) -> None:
         self.now = now
@@ -160,7 +166,8 @@ def test_a_job_that_prunes_every_step_is_reported_as_its_own_log_says(
     ledger the report read the two surviving checkpoints: resumed_from_step null, the
     whole run since its start counted as lost, ETTR far too low."""
     clock = FakeTime(T0)
-    monkeypatch.setattr(ck, "time", clock)
+    for module in CLOCKED:
+        monkeypatch.setattr(module, "time", clock)
     root = tmp_path / "ckpt"
     run = train(root, clock, step_s=0.8, commit_s=0.05, faults_after=[14.0, 9.3], steps=60)
     assert len(list(root.glob("step-*"))) == 2  # pruned as it went
@@ -196,8 +203,9 @@ def test_lost_work_and_ettr_agree_with_the_jobs_log_whatever_the_timing(
 ) -> None:
     """Faults anywhere, including before a run's first commit or before its resume."""
     clock = FakeTime(T0)
-    real_time = ck.time
-    ck.time = clock  # type: ignore[assignment]
+    real_time = ck_commit.time
+    for module in CLOCKED:
+        module.time = clock  # type: ignore[assignment]
     try:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp) / "ckpt"
@@ -205,7 +213,8 @@ def test_lost_work_and_ettr_agree_with_the_jobs_log_whatever_the_timing(
             run = train(root, clock, step_s, commit_s, offsets, steps=8, startup_s=startup_s)
             marks = checkpoint_marks([f"{JOB}={root}"])
     finally:
-        ck.time = real_time  # type: ignore[assignment]
+        for module in CLOCKED:
+            module.time = real_time
     report = rp.build_report(medic_records(run, marks))
     if not run.faults:  # it finished before the fault: never interrupted, never listed
         assert report.jobs == ()
@@ -581,7 +590,8 @@ def test_medic_report_reads_a_pruned_jobs_ledger_and_the_store_end_to_end(
     from medic_core.store import Severity, open_store
 
     clock = FakeTime(T0)
-    monkeypatch.setattr(ck, "time", clock)
+    for module in CLOCKED:
+        monkeypatch.setattr(module, "time", clock)
     root = tmp_path / "ckpt"
     run = train(root, clock, step_s=0.2, commit_s=0.05, faults_after=[20.13, 14.2], steps=150)
     lost, ettr = hand_computed(run)
