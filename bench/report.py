@@ -32,7 +32,8 @@ from typing import Any
 from sqlalchemy import Table, insert, select, text
 
 from bench.cli_nodes import BATCH, GPUS, batched, fill, node_name
-from cli.report import gather, report_text
+from cli.report_gather import gather
+from cli.report_json import report_text
 from medic_core.store import Store, open_store
 from medic_core.store.models import EventRow, RmaTicketRow
 from remediation import episodes as ep

@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import medic
-from cli.report import checkpoint_marks, print_report
+from cli.report_gather import checkpoint_marks
+from cli.report_tables import print_report
 from remediation import report as rp
 from remediation import whatif as wi
 from slurm_hooks.checkpoint import (

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.report import checkpoint_marks
+from cli.report_gather import checkpoint_marks
 from medic_core import proc
 from medic_core.store import open_store
 from medic_core.user_files import MANIFEST_LIMIT, UnsafeFile, UserDir, deadline
