@@ -253,7 +253,7 @@ class DrainBook:
     def _write(
         self, node: str, kind: str, reason: str, actor: str, episode_id: int | None, note: str
     ) -> str:
-        from medic_core.store.store import drain_event
+        from medic_core.store.drain_records import drain_event
 
         if self._observing is not None and self._observing():
             return ""  # observe only: nothing is drained or resumed, so nothing recorded

@@ -24,7 +24,7 @@ from cli.rma_lines import ticket_lines
 from medic_core import store_reader
 from medic_core.store import MIGRATIONS, Compat, ConditionUpdate, Migration, Status, open_store
 from medic_core.store import engine as engine_module
-from medic_core.store import store_table
+from medic_core.store import store_table as store_table_module
 from medic_core.store.engine import make_engine, parse_url
 from medic_core.store.migrations import current_version, migrate
 from medic_core.store_reader import SCHEMA_VERSION, Unreachable, configured_url, open_reader
@@ -38,8 +38,8 @@ NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 def test_the_reader_knows_the_newest_schema_and_the_store_table() -> None:
     assert len(MIGRATIONS) == SCHEMA_VERSION
     assert (store_reader.STORE_KEYS, store_reader.MAX_POOL_SIZE) == (
-        store_table.STORE_KEYS,
-        store_table.MAX_POOL_SIZE,
+        store_table_module.STORE_KEYS,
+        store_table_module.MAX_POOL_SIZE,
     )
     assert store_reader.POOLS == engine_module.POOLS
 

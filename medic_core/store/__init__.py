@@ -9,6 +9,7 @@
 See docs/store.md.
 """
 
+from medic_core.store.drain_records import DRAIN_HELD, DRAIN_KINDS, DRAIN_RECORDED, DRAIN_RESUMED
 from medic_core.store.engine import BadStoreURL, StoreError
 from medic_core.store.migrations import MIGRATIONS, Compat, Migration, MigrationResult, migrate
 from medic_core.store.models import (
@@ -21,17 +22,11 @@ from medic_core.store.models import (
     Status,
     StoredInventory,
 )
-from medic_core.store.store import (
+from medic_core.store.store import Store, open_configured_store, open_store
+from medic_core.store.store_table import (
     DEFAULT_EVENT_RETENTION_DAYS,
-    DRAIN_HELD,
-    DRAIN_KINDS,
-    DRAIN_RECORDED,
-    DRAIN_RESUMED,
-    Store,
     StoreSettings,
     default_url,
-    open_configured_store,
-    open_store,
     store_settings,
 )
 

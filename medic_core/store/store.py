@@ -1,4 +1,7 @@
-"""The store: conditions (current state, one row per node/type/target) and events (history).
+"""The store: conditions (current state, one row per node/type/target), events (history),
+drain records and node inventories, behind one facade (Store) and opened by open_store. What
+it is given is checked by store.values, a condition is written by store.conditions, a drain
+record's event applied by store.drain_records; the `[store]` table is store.store_table's.
 
 Every method runs in its own short transaction and returns plain dataclasses; no ORM object
 outlives its session. All times are aware UTC datetimes; naive datetimes are refused.
@@ -7,24 +10,28 @@ outlives its session. All times are aware UTC datetimes; naive datetimes are ref
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from sqlalchemy import Engine, delete, insert, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from medic_core.config import ConfigError, MedicConfig, shown
+from medic_core.config import MedicConfig
+from medic_core.store.conditions import apply_update, check_update
+from medic_core.store.drain_records import (
+    DRAIN_HELD,
+    DRAIN_KINDS,
+    DRAIN_RECORDED,
+    DRAIN_RESUMED,
+    apply_drain_event,
+    drain_event,
+)
 from medic_core.store.engine import (
     DEFAULT_POOL,
     DEFAULT_POOL_SIZE,
-    POOLS,
-    BadStoreURL,
     StoreError,
     describe,
     make_engine,
@@ -33,9 +40,7 @@ from medic_core.store.engine import (
 )
 from medic_core.store.migrations import MIGRATIONS, Migration, current_version, migrate
 from medic_core.store.models import (
-    NAME_LEN,
     NODE_LEN,
-    TARGET_LEN,
     Condition,
     ConditionChange,
     ConditionRow,
@@ -49,81 +54,12 @@ from medic_core.store.models import (
     Status,
     StoredInventory,
     check_evidence,
-    check_text,
     utc,
 )
+from medic_core.store.store_table import store_settings
+from medic_core.store.values import event_values, required_name, status_of
 
-DEFAULT_EVENT_RETENTION_DAYS = 90
-# The events of Medic's drain records (docs/store.md): each also opens, closes or holds a
-# row of `drain_records` in the same transaction, whichever way it arrives (a direct call,
-# the daemon's socket, or a journal replay after the store was down).
-DRAIN_RECORDED = "medic.drain"
-DRAIN_RESUMED = "medic.resume"
-DRAIN_HELD = "medic.drain_held"
-DRAIN_KINDS = frozenset({DRAIN_RECORDED, DRAIN_RESUMED, DRAIN_HELD})
 DEFAULT_EVENTS_LIMIT = 1000
-STORE_KEYS = ("url", "event_retention_days", "pool", "pool_size")
-MAX_POOL_SIZE = 50
-MAX_RETENTION_DAYS = 36500  # a century: a number past it is a typo, not a policy
-
-
-@dataclass(frozen=True)
-class StoreSettings:
-    """The `[store]` table of medic.toml."""
-
-    url: str
-    event_retention_days: int = DEFAULT_EVENT_RETENTION_DAYS
-    pool: str = DEFAULT_POOL  # PostgreSQL: "queue" (idle connections kept) or "null"
-    pool_size: int = DEFAULT_POOL_SIZE  # idle connections a "queue" pool keeps
-
-
-def default_url(state_dir: Path) -> str:
-    return f"sqlite:///{state_dir / 'medic.db'}"
-
-
-def store_settings(config: MedicConfig) -> StoreSettings:
-    """Read and check `[store]`; raises ConfigError naming the key and the fix."""
-    table = config.table("store")
-    for key in table:
-        if key not in STORE_KEYS:
-            raise ConfigError(
-                config.source, f"store.{key}", "unknown key", f"use one of: {', '.join(STORE_KEYS)}"
-            )
-    raw_url = table.get("url", default_url(config.paths.state_dir))
-    if not isinstance(raw_url, str):
-        raise ConfigError(
-            config.source, "store.url", f"expected a string, got {shown(raw_url)}", "quote the URL"
-        )
-    try:
-        parse_url(raw_url)
-    except BadStoreURL as exc:
-        raise ConfigError(config.source, "store.url", exc.problem, exc.fix) from None
-    days = table.get("event_retention_days", DEFAULT_EVENT_RETENTION_DAYS)
-    if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= MAX_RETENTION_DAYS:
-        raise ConfigError(
-            config.source,
-            "store.event_retention_days",
-            f"expected a whole number of days from 1 to {MAX_RETENTION_DAYS}, got {shown(days)}",
-            f"give a number such as {DEFAULT_EVENT_RETENTION_DAYS}",
-        )
-    pool = table.get("pool", DEFAULT_POOL)
-    if pool not in POOLS:
-        raise ConfigError(
-            config.source,
-            "store.pool",
-            f"expected one of {', '.join(POOLS)}, got {shown(pool)}",
-            'use "queue" (connections kept, the default) or "null" (behind pgbouncer in'
-            " transaction mode)",
-        )
-    size = table.get("pool_size", DEFAULT_POOL_SIZE)
-    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_POOL_SIZE:
-        raise ConfigError(
-            config.source,
-            "store.pool_size",
-            f"expected a whole number from 1 to {MAX_POOL_SIZE}, got {shown(size)}",
-            f"give a number such as {DEFAULT_POOL_SIZE}",
-        )
-    return StoreSettings(url=raw_url, event_retention_days=days, pool=pool, pool_size=size)
 
 
 def open_store(
@@ -162,63 +98,6 @@ def open_store(
 def open_configured_store(config: MedicConfig) -> Store:
     settings = store_settings(config)
     return open_store(settings.url, pool=settings.pool, pool_size=settings.pool_size)
-
-
-def _insert_ignoring_conflict(dialect: str, values: dict[str, Any]) -> Any:
-    index = [ConditionRow.node, ConditionRow.type, ConditionRow.target]
-    if dialect == "postgresql":
-        pg = postgresql.insert(ConditionRow).values(values)
-        return pg.on_conflict_do_nothing(index_elements=index).returning(ConditionRow.id)
-    lite = sqlite.insert(ConditionRow).values(values)
-    return lite.on_conflict_do_nothing(index_elements=index).returning(ConditionRow.id)
-
-
-def _status(value: Status | str) -> Status:
-    try:
-        return Status(value)
-    except ValueError:
-        known = ", ".join(s.value for s in Status)
-        raise ValueError(f"unknown status {value!r}; use one of {known}") from None
-
-
-def _severity(value: Severity | str) -> Severity:
-    try:
-        return Severity(value)
-    except ValueError:
-        known = ", ".join(s.value for s in Severity)
-        raise ValueError(f"unknown severity {value!r}; use one of {known}") from None
-
-
-def _name(value: str, what: str, max_len: int) -> str:
-    check_text(value, what, max_len)
-    if not value:
-        raise ValueError(f"{what} must not be empty")
-    return value
-
-
-def _event_values(
-    node: str,
-    at: datetime,
-    kind: str,
-    severity: Severity | str,
-    source: str,
-    message: str = "",
-    fault_class: str = "",
-    target: str = "",
-    evidence: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """An event row's columns, checked; ValueError (one line) for what the store cannot take."""
-    return {
-        "node": _name(node, "node", NODE_LEN),
-        "at": utc(at, "event time"),
-        "kind": _name(kind, "event kind", NAME_LEN),
-        "fault_class": check_text(fault_class, "fault class", NAME_LEN),
-        "target": check_text(target, "event target", TARGET_LEN),
-        "severity": _severity(severity).value,
-        "message": check_text(message, "event message"),
-        "evidence": check_evidence(evidence),
-        "source": _name(source, "event source", NAME_LEN),
-    }
 
 
 class Store:
@@ -275,78 +154,16 @@ class Store:
         self, node: str, updates: Iterable[ConditionUpdate], now: datetime
     ) -> list[ConditionChange]:
         """`set_condition` for many conditions of one node, in one transaction."""
-        _name(node, "node", NODE_LEN)
+        required_name(node, "node", NODE_LEN)
         at = utc(now, "now")
-        checked = [self._check_update(u) for u in updates]
+        checked = [check_update(u) for u in updates]
         changes: list[ConditionChange] = []
         with Session(self._writer) as session, session.begin():
             for update, status, evidence in checked:
-                change = self._apply(session, node, update, status, evidence, at)
+                change = apply_update(session, node, update, status, evidence, at)
                 if change is not None:
                     changes.append(change)
         return changes
-
-    @staticmethod
-    def _check_update(update: ConditionUpdate) -> tuple[ConditionUpdate, Status, dict[str, Any]]:
-        _name(update.type, "condition type", NAME_LEN)
-        check_text(update.target, "condition target", TARGET_LEN)
-        check_text(update.reason, "condition reason", NAME_LEN)
-        check_text(update.message, "condition message")
-        return update, _status(update.status), check_evidence(update.evidence)
-
-    @staticmethod
-    def _apply(
-        session: Session,
-        node: str,
-        update: ConditionUpdate,
-        status: Status,
-        evidence: dict[str, Any],
-        at: datetime,
-    ) -> ConditionChange | None:
-        query = (
-            select(ConditionRow)
-            .where(
-                ConditionRow.node == node,
-                ConditionRow.type == update.type,
-                ConditionRow.target == update.target,
-            )
-            .with_for_update()
-        )
-        row = session.scalars(query).one_or_none()
-        if row is None:
-            values = {
-                "node": node,
-                "type": update.type,
-                "target": update.target,
-                "status": status.value,
-                "reason": update.reason,
-                "message": update.message,
-                "evidence": evidence,
-                "since": at,
-                "updated_at": at,
-            }
-            dialect = session.get_bind().dialect.name
-            inserted = session.execute(_insert_ignoring_conflict(dialect, values)).first()
-            if inserted is not None:
-                return ConditionChange(
-                    node, update.type, update.target, None, None, None, status,
-                    update.reason, update.message, at,
-                )  # fmt: skip
-            # Another writer created it between our read and our insert: update theirs.
-            row = session.scalars(query).one()
-        change = None
-        if row.status != status.value or row.reason != update.reason:
-            change = ConditionChange(
-                node, update.type, update.target, Status(row.status), row.reason, row.since,
-                status, update.reason, update.message, at,
-            )  # fmt: skip
-            row.since = at
-        row.status = status.value
-        row.reason = update.reason
-        row.message = update.message
-        row.evidence = evidence
-        row.updated_at = at
-        return change
 
     def conditions(
         self,
@@ -364,7 +181,7 @@ class Store:
             query = query.where(ConditionRow.type == type)
         if status is not None:
             wanted = [status] if isinstance(status, str) else list(status)
-            query = query.where(ConditionRow.status.in_([_status(s).value for s in wanted]))
+            query = query.where(ConditionRow.status.in_([status_of(s).value for s in wanted]))
         with Session(self._engine) as session:
             return [row.to_condition() for row in session.scalars(query)]
 
@@ -385,12 +202,12 @@ class Store:
     ) -> Event:
         """Append one occurrence; returns it with its id. An event of a drain record
         (DRAIN_KINDS) also opens, closes or holds the record, in the same transaction."""
-        values = _event_values(
+        values = event_values(
             node, at, kind, severity, source, message, fault_class, target, evidence
         )
         if kind in DRAIN_KINDS:
             with Session(self._writer) as session, session.begin():
-                event_id = _drain_event(session, values)
+                event_id = apply_drain_event(session, values)
             return Event(id=event_id, **{**values, "severity": Severity(values["severity"])})
         with self._writer.begin() as conn:
             event_id = conn.execute(insert(EventRow).returning(EventRow.id), values).scalar_one()
@@ -404,14 +221,14 @@ class Store:
         rows = []
         for place, event in enumerate(events):
             try:
-                rows.append(_event_values(**event))
+                rows.append(event_values(**event))
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"event {place + 1} of the batch: {exc}") from None
         if any(row["kind"] in DRAIN_KINDS for row in rows):
             with Session(self._writer) as session, session.begin():
                 for row in rows:
                     if row["kind"] in DRAIN_KINDS:
-                        _drain_event(session, row)
+                        apply_drain_event(session, row)
                     else:
                         session.execute(insert(EventRow), row)
         elif rows:
@@ -499,7 +316,7 @@ class Store:
         """`node`'s inventory as its daemon found it at `at` (medic_core.inventory's JSON);
         True when it differs from the one stored (or is the first), False when only its
         `seen_at` moved."""
-        _name(node, "node", NODE_LEN)
+        required_name(node, "node", NODE_LEN)
         when = utc(at, "inventory time")
         data = check_evidence(inventory, "inventory")
         with Session(self._writer) as session, session.begin():
@@ -552,88 +369,4 @@ class Store:
             return result.rowcount
 
 
-def drain_event(
-    kind: str, reason: str, at: datetime, actor: str, episode_id: int | None, note: str
-) -> dict[str, Any]:
-    """add_event's keywords (but the node) for a drain record's event: also what a node's
-    journal keeps when the store is down, replayed into the same record later."""
-    verb = {DRAIN_RECORDED: "drained", DRAIN_RESUMED: "resumed", DRAIN_HELD: "held"}[kind]
-    episode = f" (episode {episode_id})" if episode_id is not None else ""
-    return {
-        "at": at,
-        "kind": kind,
-        "severity": "WARN" if kind == DRAIN_RECORDED else "INFO",
-        "source": actor[:NAME_LEN] or "medic",
-        "message": f"{verb} by {actor}{episode}: {reason}" + (f"; {note}" if note else ""),
-        "evidence": {"reason": reason, "actor": actor, "episode_id": episode_id, "note": note},
-    }
-
-
-def _drain_event(session: Session, values: Mapping[str, Any]) -> int:
-    """Apply a drain record's event to `drain_records` and insert the event; its id."""
-    evidence = values["evidence"]
-    reason = evidence.get("reason")
-    actor = evidence.get("actor")
-    episode_id = evidence.get("episode_id")
-    if not isinstance(reason, str) or not isinstance(actor, str) or not actor:
-        raise ValueError(f"a {values['kind']} event needs evidence reason and actor (strings)")
-    if episode_id is not None and (isinstance(episode_id, bool) or not isinstance(episode_id, int)):
-        raise ValueError(f"episode_id must be a whole number or null, got {episode_id!r}")
-    check_text(actor, "actor", NODE_LEN)
-    node, at, note = values["node"], values["at"], str(evidence.get("note") or "")
-    current = session.scalars(
-        select(DrainRecordRow)
-        .where(DrainRecordRow.node == node, DrainRecordRow.closed_at.is_(None))
-        .with_for_update()
-    ).one_or_none()
-    kind = values["kind"]
-    if kind == DRAIN_RECORDED:
-        seen = session.scalars(
-            select(DrainRecordRow.id).where(
-                DrainRecordRow.node == node,
-                DrainRecordRow.drained_at == at,
-                DrainRecordRow.reason == reason,
-                DrainRecordRow.actor == actor,
-            )
-        ).first()
-        if seen is None:  # a journal replays at least once: the same drain is one record
-            older = current is not None and current.drained_at > at
-            if current is not None and not older:
-                current.closed_at, current.closed_by = at, actor
-                current.note = "replaced by a later drain"
-                session.flush()
-            session.add(
-                DrainRecordRow(
-                    node=node, reason=reason, actor=actor, episode_id=episode_id,
-                    drained_at=at, held="", closed_at=at if older else None,
-                    closed_by=actor if older else "",
-                    note="replayed after a later drain" if older else note,
-                )
-            )  # fmt: skip
-    elif current is not None and current.reason == reason and current.drained_at <= at:
-        if kind == DRAIN_RESUMED:
-            current.closed_at, current.closed_by, current.note = at, actor, note or "resumed"
-        else:
-            current.held = f"{actor}: {note}" if note else actor
-    session.flush()
-    event_id: int = session.execute(
-        insert(EventRow).returning(EventRow.id), dict(values)
-    ).scalar_one()
-    return event_id
-
-
-__all__ = [
-    "DEFAULT_EVENT_RETENTION_DAYS",
-    "DRAIN_HELD",
-    "DRAIN_KINDS",
-    "DRAIN_RECORDED",
-    "DRAIN_RESUMED",
-    "BadStoreURL",
-    "Store",
-    "StoreError",
-    "StoreSettings",
-    "default_url",
-    "open_configured_store",
-    "open_store",
-    "store_settings",
-]
+__all__ = ["DEFAULT_EVENTS_LIMIT", "Store", "open_configured_store", "open_store"]
