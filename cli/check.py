@@ -48,7 +48,6 @@ from cli.admin import (
 from healthd.checks.base import (
     CheckConfig,
     CheckContext,
-    Kind,
     Result,
     Status,
     Tier,
@@ -277,41 +276,31 @@ def record(
     at: dt.datetime,
 ) -> int:
     """Write the results to the store as the daemon would (conditions, and events that carry
-    a fault class); returns how many conditions changed. Drains and the ladder are the
-    daemon's: nothing here acts on a fault."""
-    from healthd.results import SEVERITY_OF, merge_by_target
-    from medic_core.store import ConditionUpdate
+    a fault class), in the daemon's recorder's forms (healthd.recorder); returns how many
+    conditions changed. Drains and the ladder are the daemon's: nothing here acts on a fault."""
+    from healthd.recorder import (
+        condition_update,
+        conditions_of,
+        event_fields,
+        fault_events,
+        no_longer_reported,
+    )
 
     changed = 0
     with _writable_store(config, store_url) as store:
         stored = store.conditions(node=node)
         for o in outcomes:
-            conditions = merge_by_target(r for r in o.results if r.kind is Kind.CONDITION)
-            updates = [
-                ConditionUpdate(r.check, r.status, r.target or "", r.fault_class or "",
-                                r.message, dict(r.evidence))
-                for r in conditions
-            ]  # fmt: skip
+            updates = [condition_update(r) for r in conditions_of(o.results)]
             # This run speaks for the whole check: a target it no longer reports (a GPU's
             # XID aged out) is cleared, as the daemon clears it, not left CRITICAL.
-            seen = {u.target for u in updates}
-            updates += [
-                ConditionUpdate(c.type, Status.OK, c.target, message="no longer reported")
-                for c in stored
-                if c.type == o.name and c.target not in seen and c.status is not Status.OK
+            previous = [
+                (c.type, c.target) for c in stored if c.type == o.name and c.status is not Status.OK
             ]
+            updates += no_longer_reported(previous, updates)
             changes = store.set_conditions(node, updates, at) if updates else []
             changed += sum(1 for c in changes if c.previous_status != c.status)
-            for event in o.results:
-                fault_class = event.fault_class or str(event.evidence.get("fault_class") or "")
-                if event.kind is not Kind.EVENT or not fault_class:
-                    continue
-                store.add_event(
-                    node, at=at, kind=event.check,
-                    severity=SEVERITY_OF.get(event.status, Severity.INFO),
-                    source="cli:medic check", message=event.message, fault_class=fault_class,
-                    target=event.target or "", evidence=dict(event.evidence),
-                )  # fmt: skip
+            for event in fault_events(o.results):
+                store.add_event(node, at=at, **event_fields(event, "cli:medic check"))
     return changed
 
 

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 NOT_OK = (Status.WARN.value, Status.CRITICAL.value, Status.UNKNOWN.value)
 NO_DATA = "NO_DATA"  # no condition in the store: no medic-healthd has reported
 # A running medic-healthd rewrites its conditions at least every 5 minutes (REFRESH_SECONDS in
-# healthd.daemon); three missed refreshes mean the node is not being watched.
+# healthd.recorder); three missed refreshes mean the node is not being watched.
 SILENT_AFTER = dt.timedelta(minutes=15)
 # Slurm states and flags that take a node out of service.
 OUT_STATES = frozenset({"DOWN", "FAIL", "ERROR", "UNKNOWN", "FUTURE"})

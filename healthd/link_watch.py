@@ -58,7 +58,7 @@ def is_up(state: str | None, phys_state: str | None) -> bool:
 
 
 class LinkWatch:
-    """Wakes the `ib` check (`wake`, the daemon's wake_checks) when the ports' up-or-down
+    """Wakes the `ib` check (`wake`, the scheduler's wake_checks) when the ports' up-or-down
     differs from what it last judged (`judged`: the ports its latest run judged, and those
     it held down; None before it ran, when one read is compared with the next)."""
 

@@ -78,8 +78,8 @@ def test_the_daemons_launch_verdict_on_a_cpu_node_is_ok_and_has_no_gpu_checks(
         daemon.checks.not_here("gpu_ecc")
     }
     # Nor are the GPU checks scheduled, so none is written to the store as UNKNOWN.
-    assert set(daemon._due).isdisjoint(GPU_CHECKS)
-    daemon.run_due()
+    assert set(daemon.scheduler.due).isdisjoint(GPU_CHECKS)
+    daemon.scheduler.run_due()
     stored = store.conditions(daemon.node)
     assert stored and not {c.type for c in stored} & set(GPU_CHECKS)
     assert {c.status for c in stored} <= {Status.OK, Status.NOT_APPLICABLE}
@@ -121,7 +121,7 @@ def test_conditions_an_earlier_daemon_left_for_gpu_checks_are_retired(
     assert gpu["gpu_ecc"].message == (
         "not run on this node: not a GPU node ([healthd] gpus = none)"
     )
-    daemon.run_due()  # services no longer reports nvidia-persistenced: cleared
+    daemon.scheduler.run_due()  # services no longer reports nvidia-persistenced: cleared
     services = {c.target: c.status for c in store.conditions(node, type="services")}
     assert services == {"munged": Status.OK, "nvidia-persistenced": Status.OK}
     assert {c.status for c in store.conditions(node)} <= {Status.OK, Status.NOT_APPLICABLE}

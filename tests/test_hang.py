@@ -587,6 +587,7 @@ class FakeStore:
 
 def answer(monkeypatch: pytest.MonkeyPatch, slurm: FakeSlurm, hang: Hang) -> tuple[bool, FakeStore]:
     from healthd import ladder_thread
+    from healthd.progress_answers import ProgressAnswers
     from medic_core.config import MedicConfig
     from remediation import actions
 
@@ -601,7 +602,7 @@ def answer(monkeypatch: pytest.MonkeyPatch, slurm: FakeSlurm, hang: Hang) -> tup
     monkeypatch.setattr(actions, "slurm_client", lambda config, settings, **_: slurm)
     thread = ladder_thread.LadderThread(daemon, ladder=None, episodes=None)  # type: ignore[arg-type]
     monkeypatch.setattr(thread.seen, "wrap", lambda client: client)
-    return thread.respond_hang(hang), store
+    return ProgressAnswers(thread).respond_hang(hang), store
 
 
 def job(
@@ -766,6 +767,7 @@ def test_compare_pace_shares_mine_and_reads_the_others_latest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from healthd import ladder_thread
+    from healthd.progress_answers import ProgressAnswers
     from medic_core.config import MedicConfig
     from medic_core.store import Event, Severity
 
@@ -791,7 +793,8 @@ def test_compare_pace_shares_mine_and_reads_the_others_latest(
 
         daemon: Any = Daemon()
         daemon.node, daemon.store = node, store
-        return ladder_thread.LadderThread(daemon, ladder=None, episodes=None)  # type: ignore[arg-type]
+        thread = ladder_thread.LadderThread(daemon, ladder=None, episodes=None)  # type: ignore[arg-type]
+        return ProgressAnswers(thread)
 
     store = Store()
     n1, n2 = thread_on("n1", store), thread_on("n2", store)
@@ -823,9 +826,10 @@ def test_a_repeat_straggler_starts_at_a_reboot_unless_an_override_says_otherwise
 
 
 def straggler_thread(earlier: list[str], drain_jobs: int, store_down: bool = False) -> Any:
-    """A ladder thread whose store holds `earlier` straggler reports of n2 (job ids) and
-    whose respond() is recorded instead of carried out."""
+    """The progress answers of a ladder thread whose store holds `earlier` straggler reports
+    of n2 (job ids) and whose respond() is recorded instead of carried out."""
     from healthd import ladder_thread
+    from healthd.progress_answers import ProgressAnswers
     from medic_core.config import MedicConfig
     from medic_core.store import Event, Severity
 
@@ -857,9 +861,10 @@ def straggler_thread(earlier: list[str], drain_jobs: int, store_down: bool = Fal
     daemon: Any = Daemon()
     daemon.node, daemon.store = "n2", Store()
     thread = ladder_thread.LadderThread(daemon, ladder=None, episodes=None)  # type: ignore[arg-type]
-    thread.responded = []
-    thread.respond = lambda faults, again=False: thread.responded.append(faults)
-    return thread
+    answers: Any = ProgressAnswers(thread)
+    answers.responded = []
+    thread.respond = lambda faults, again=False: answers.responded.append(faults)
+    return answers
 
 
 def found_in(job_id: str) -> Any:

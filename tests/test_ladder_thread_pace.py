@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from healthd.ladder_thread import IDLE_EVERY, LadderThread, watch_hangs
+from healthd.ladder_thread import IDLE_EVERY, LadderThread
+from healthd.progress_answers import watch_hangs
 from medic_core.config import MedicConfig, load_config
 
 

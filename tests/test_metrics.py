@@ -27,7 +27,7 @@ from cli.lab import scenario as sc
 from cli.lab.cluster import Lab
 from healthd.checks.base import CheckContext, Result, Status, fault, ok
 from healthd.daemon import HealthDaemon
-from healthd.ladder_thread import attach_ladder
+from healthd.ladder_wiring import attach_ladder
 from healthd.metrics import DaemonMetrics, medic_version
 from healthd.slurm_seen import SlurmSeen
 from healthd.xid import XidBuffer

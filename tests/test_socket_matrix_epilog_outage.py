@@ -46,7 +46,7 @@ def rig(tmp_path: Path) -> Iterator[tuple[HealthDaemon, SwitchedStore, SocketApi
 
     try:
         daemon = HealthDaemon(config, store, CheckContext.for_root(config.paths.host_root))  # type: ignore[arg-type]
-        daemon.store_retry = 0.0
+        daemon.recorder.store_retry = 0.0
         daemon.runner = Runner(
             daemon.ctx, specs=[make_spec(n, behaviour(n)) for n in POST_JOB_CHECKS]
         )

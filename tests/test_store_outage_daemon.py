@@ -81,9 +81,9 @@ def rig(tmp_path: Path) -> Iterator[tuple[HealthDaemon, SwitchedStore, Answered]
     store = SwitchedStore(real)
     try:
         daemon = HealthDaemon(config, store, CheckContext.for_root(config.paths.host_root))  # type: ignore[arg-type]
-        daemon.store_retry = 0.0  # every round tries the store again
+        daemon.recorder.store_retry = 0.0  # every round tries the store again
         answered = Answered()
-        daemon.on_fault = answered
+        daemon.recorder.on_fault = answered
         yield daemon, store, answered
     finally:
         real.close()
@@ -124,24 +124,24 @@ def stored(store: SwitchedStore, node: str) -> dict[tuple[str, str], str]:
 
 def test_a_fault_is_answered_while_the_store_refuses_every_write(rig: Any) -> None:
     daemon, store, answered = rig
-    daemon.record(round_of(T0, gpu_nvlink=[nvlink_ok()]))
+    daemon.recorder.record(round_of(T0, gpu_nvlink=[nvlink_ok()]))
     store.down = True
-    daemon.record(round_of(T0 + dt.timedelta(seconds=2), gpu_xid=xid_79()))
+    daemon.recorder.record(round_of(T0 + dt.timedelta(seconds=2), gpu_xid=xid_79()))
     poll("the fault answered", lambda: answered.count("gpu.xid.79", "2") == 1, timeout=5)
     assert daemon.latest("gpu_xid") is not None  # the gate answers from memory
 
 
 def test_store_back_everything_seen_during_the_outage_reaches_it(rig: Any) -> None:
     daemon, store, answered = rig
-    daemon.record(round_of(T0, gpu_nvlink=[nvlink_ok()]))
+    daemon.recorder.record(round_of(T0, gpu_nvlink=[nvlink_ok()]))
     store.down = True
     outage = T0 + dt.timedelta(seconds=2)
-    daemon.record(round_of(outage, gpu_xid=xid_79(), gpu_nvlink=[nvlink_down()]))
+    daemon.recorder.record(round_of(outage, gpu_xid=xid_79(), gpu_nvlink=[nvlink_down()]))
     assert journal.pending(daemon.config.paths), "the XID's event waits in the journal"
     # The NVLink fault is unchanged next round: it must not wait REFRESH_SECONDS (300 s).
-    daemon.record(round_of(outage + dt.timedelta(seconds=2), gpu_nvlink=[nvlink_down()]))
+    daemon.recorder.record(round_of(outage + dt.timedelta(seconds=2), gpu_nvlink=[nvlink_down()]))
     store.down = False
-    daemon.record(round_of(outage + dt.timedelta(seconds=4), gpu_nvlink=[nvlink_down()]))
+    daemon.recorder.record(round_of(outage + dt.timedelta(seconds=4), gpu_nvlink=[nvlink_down()]))
     conditions = stored(store, daemon.node)
     assert conditions[("gpu_nvlink", "3")] == "CRITICAL"
     assert conditions[("gpu_xid", "2")] == "CRITICAL"
@@ -158,13 +158,13 @@ def test_store_back_everything_seen_during_the_outage_reaches_it(rig: Any) -> No
 
 def test_a_fault_gone_before_the_store_is_back_is_not_answered_again(rig: Any) -> None:
     daemon, store, answered = rig
-    daemon.record(round_of(T0, gpu_nvlink=[nvlink_ok()]))
+    daemon.recorder.record(round_of(T0, gpu_nvlink=[nvlink_ok()]))
     store.down = True
-    daemon.record(round_of(T0 + dt.timedelta(seconds=2), gpu_nvlink=[nvlink_down()]))
+    daemon.recorder.record(round_of(T0 + dt.timedelta(seconds=2), gpu_nvlink=[nvlink_down()]))
     poll("answered", lambda: answered.count("gpu.nvlink.down", "3") == 1, timeout=5)
-    daemon.record(round_of(T0 + dt.timedelta(seconds=4), gpu_nvlink=[nvlink_ok()]))
+    daemon.recorder.record(round_of(T0 + dt.timedelta(seconds=4), gpu_nvlink=[nvlink_ok()]))
     store.down = False
-    daemon.record(round_of(T0 + dt.timedelta(seconds=6), gpu_nvlink=[nvlink_ok()]))
+    daemon.recorder.record(round_of(T0 + dt.timedelta(seconds=6), gpu_nvlink=[nvlink_ok()]))
     assert stored(store, daemon.node)[("gpu_nvlink", "3")] == "OK"
     assert answered.count("gpu.nvlink.down", "3") == 1
 
@@ -173,13 +173,13 @@ def test_a_condition_answered_before_the_outage_is_not_answered_again_during_it(
     rig: Any,
 ) -> None:
     daemon, store, answered = rig
-    daemon.record(round_of(T0, gpu_nvlink=[nvlink_down()]))
+    daemon.recorder.record(round_of(T0, gpu_nvlink=[nvlink_down()]))
     poll("answered", lambda: answered.count("gpu.nvlink.down", "3") == 1, timeout=5)
     store.down = True
     later = dataclasses.replace(nvlink_down(), message="NVLink 1 still down")
-    daemon.record(round_of(T0 + dt.timedelta(seconds=400), gpu_nvlink=[later]))
+    daemon.recorder.record(round_of(T0 + dt.timedelta(seconds=400), gpu_nvlink=[later]))
     store.down = False
-    daemon.record(round_of(T0 + dt.timedelta(seconds=402), gpu_nvlink=[later]))
+    daemon.recorder.record(round_of(T0 + dt.timedelta(seconds=402), gpu_nvlink=[later]))
     assert stored(store, daemon.node)[("gpu_nvlink", "3")] == "CRITICAL"
     assert answered.count("gpu.nvlink.down", "3") == 1
 
@@ -212,14 +212,14 @@ def test_random_outages_the_store_converges_and_every_new_fault_is_answered(
     store = SwitchedStore(real)
     try:
         daemon = HealthDaemon(config, store, CheckContext.for_root(config.paths.host_root))  # type: ignore[arg-type]
-        daemon.store_retry = 0.0
+        daemon.recorder.store_retry = 0.0
         answers: list[int] = []
-        daemon.on_fault = lambda results: answers.append(len(results))
+        daemon.recorder.on_fault = lambda results: answers.append(len(results))
         at, last, onsets = T0, "ok", 0
         for down, link in [*steps, (False, steps[-1][1])]:
             store.down = down
             at += dt.timedelta(seconds=2)
-            daemon.record(
+            daemon.recorder.record(
                 round_of(at, gpu_nvlink=[nvlink_down() if link == "down" else nvlink_ok()])
             )
             onsets += link == "down" and last == "ok"
@@ -234,7 +234,7 @@ def test_random_outages_the_store_converges_and_every_new_fault_is_answered(
 def test_the_socket_status_answers_from_memory_with_the_store_down(rig: Any) -> None:
     daemon, store, _ = rig
     api = SocketApi(daemon, daemon.gate, EpisodeStore(store))
-    daemon.record(round_of(T0, gpu_nvlink=[nvlink_down()]))
+    daemon.recorder.record(round_of(T0, gpu_nvlink=[nvlink_down()]))
     store.down = True
     reply = api.handle({"op": "status"})
     assert reply["status"] == "CRITICAL" and reply["store"].startswith("unavailable: ")
@@ -247,26 +247,26 @@ def test_a_store_that_refused_is_tried_again_only_every_store_retry(rig: Any) ->
     """A partitioned PostgreSQL makes each call wait out the connect timeout: the rounds in
     between answer their faults without touching it."""
     daemon, store, answered = rig
-    daemon.store_retry = 3600.0
+    daemon.recorder.store_retry = 3600.0
     # (each check's first round reads what an earlier daemon left in the store: once)
     quiet = ok("gpu_xid", "no XID needing action")
-    daemon.record(round_of(T0, gpu_nvlink=[nvlink_ok()], gpu_xid=[quiet]))
+    daemon.recorder.record(round_of(T0, gpu_nvlink=[nvlink_ok()], gpu_xid=[quiet]))
     store.down = True
-    daemon.record(round_of(T0 + dt.timedelta(seconds=2), gpu_nvlink=[nvlink_down()]))
+    daemon.recorder.record(round_of(T0 + dt.timedelta(seconds=2), gpu_nvlink=[nvlink_down()]))
     tried = store.refused
     assert tried >= 1
-    daemon.record(round_of(T0 + dt.timedelta(seconds=4), gpu_xid=xid_79()))
+    daemon.recorder.record(round_of(T0 + dt.timedelta(seconds=4), gpu_xid=xid_79()))
     assert store.refused == tried  # not tried again within store_retry
     poll("both answered", lambda: answered.count("gpu.xid.79", "2") == 1, timeout=5)
     assert answered.count("gpu.nvlink.down", "3") == 1
     # Rounds keep coming during the outage: they must not push the next try further away.
-    daemon.store_retry = 0.5
+    daemon.recorder.store_retry = 0.5
     store.down = False
     rounds = [T0 + dt.timedelta(seconds=6)]
 
     def a_round_wrote_it() -> bool:
         rounds.append(rounds[-1] + dt.timedelta(seconds=2))
-        daemon.record(round_of(rounds[-1], gpu_nvlink=[nvlink_down()]))
+        daemon.recorder.record(round_of(rounds[-1], gpu_nvlink=[nvlink_down()]))
         return stored(store, daemon.node).get(("gpu_nvlink", "3")) == "CRITICAL"
 
     poll("the store written once the retry is due", a_round_wrote_it, timeout=10)
@@ -282,12 +282,13 @@ def kernel_event(status: Status, history: bool = False) -> Result:
 
 def test_a_critical_kernel_log_event_is_answered_and_history_or_a_warn_is_not(rig: Any) -> None:
     daemon, _, answered = rig
-    daemon.record(round_of(T0, kernel_log=[kernel_event(Status.CRITICAL, history=True)]))
-    daemon.record(round_of(T0, kernel_log=[kernel_event(Status.WARN)]))
-    daemon.record(round_of(T0, gpu_nvlink=[nvlink_down()]))  # a marker: answered after them
+    daemon.recorder.record(round_of(T0, kernel_log=[kernel_event(Status.CRITICAL, history=True)]))
+    daemon.recorder.record(round_of(T0, kernel_log=[kernel_event(Status.WARN)]))
+    # A marker: answered after them.
+    daemon.recorder.record(round_of(T0, gpu_nvlink=[nvlink_down()]))
     poll("the marker answered", lambda: answered.count("gpu.nvlink.down", "3") == 1, timeout=5)
     assert answered.count("kernel.oops", "") == 0
-    daemon.record(
+    daemon.recorder.record(
         round_of(T0 + dt.timedelta(seconds=30), kernel_log=[kernel_event(Status.CRITICAL)])
     )
     poll("the oops answered", lambda: answered.count("kernel.oops", "") == 1, timeout=5)

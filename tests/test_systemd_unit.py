@@ -225,7 +225,7 @@ def test_the_status_line_names_gpus_the_last_round_and_the_faults(daemon: Health
     daemon.heartbeat.beat()
     clock.now += 2.4
     now = time.monotonic()
-    daemon._latest = {
+    daemon.recorder._latest = {
         "ib": (now, (fault("ib", Status.CRITICAL, "ib.port.down", "down", target="mlx5_0/1"),)),
         "memory": (now, (fault("memory", Status.WARN, "mem.ce.rate", "many CEs"),)),
         "cpus": (now, (ok("cpus", "fine"),)),
@@ -233,13 +233,14 @@ def test_the_status_line_names_gpus_the_last_round_and_the_faults(daemon: Health
     assert daemon.status_line() == (
         "watching no GPUs (CPU node); last round 2 s ago; 1 CRITICAL, 1 WARN"
     )
-    daemon._busy_since = now - 95  # a deep probe holds the runner
+    daemon.scheduler.busy_since = now - 95  # a deep probe holds the runner
     assert daemon.status_line().endswith("; periodic checks waiting 95 s for a run in progress")
-    daemon._busy_since = None
+    daemon.scheduler.busy_since = None
     # A GPU node counts its GPUs from gpu_count's latest result.
     daemon.gpu = object()  # type: ignore[assignment]
     assert daemon.status_line().startswith("watching GPUs (not counted yet); ")
-    daemon._latest["gpu_count"] = (now, (ok("gpu_count", "8 GPUs", evidence={"count": 8}),))
+    counted = ok("gpu_count", "8 GPUs", evidence={"count": 8})
+    daemon.recorder._latest["gpu_count"] = (now, (counted,))
     assert daemon.status_line().startswith("watching 8 GPUs; last round 2 s ago; ")
 
 

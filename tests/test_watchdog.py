@@ -244,9 +244,9 @@ def test_a_daemon_stuck_in_a_check_round_stops_pinging_and_names_the_scheduler(
     daemon = HealthDaemon(config, store, CheckContext.for_root(config.paths.host_root))
     clock = FakeClock()
     daemon.heartbeat = Heartbeat(clock)
-    daemon._due.clear()  # nothing due: the loop goes round only when woken
+    daemon.scheduler.due.clear()  # nothing due: the loop goes round only when woken
     entered, release = threading.Event(), threading.Event()
-    run_due = daemon.run_due
+    run_due = daemon.scheduler.run_due
 
     def first_round_hangs() -> Any:
         if not entered.is_set():
@@ -254,7 +254,7 @@ def test_a_daemon_stuck_in_a_check_round_stops_pinging_and_names_the_scheduler(
             release.wait(10)  # a check round that does not come back
         return run_due()
 
-    daemon.run_due = first_round_hangs  # type: ignore[method-assign]
+    daemon.scheduler.run_due = first_round_hangs  # type: ignore[method-assign]
     # A GPU node: the XID listener makes progress all along.
     daemon.gpu = SimpleNamespace(stalled_for=lambda: 1.0)  # type: ignore[assignment]
     sent: list[str] = []
@@ -325,8 +325,8 @@ def test_a_deep_probe_through_the_socket_leaves_the_scheduler_beating(
             make_spec("tick", tick),
         ],
     )
-    daemon._due = {"tick": 0.0}  # due at once
-    daemon.runner_wait, daemon.busy_retry = 0.01, 0.05
+    daemon.scheduler.due = {"tick": 0.0}  # due at once
+    daemon.scheduler.runner_wait, daemon.scheduler.busy_retry = 0.01, 0.05
     clock = FakeClock()
     daemon.heartbeat = Heartbeat(clock)
     sent: list[str] = []
