@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from cli.lab import debian_root
-from cli.lab.cluster import Lab, LabState, _enter_root_lines
+from cli.lab.cluster import Lab
 from cli.lab.debian_root import DebianRoot, RootError, recipe_hash
+from cli.lab.lab_env import LabState
+from cli.lab.lab_files import enter_root_lines
 from cli.lab.processes import holds_lab_file
 from cli.lab.slurm_conf import LabPorts, LabSpec
 from medic_core import proc
@@ -200,7 +202,7 @@ def test_a_wrapper_run_on_the_host_enters_the_root_in_the_callers_directory(
     fake.chmod(0o755)
     root = DebianRoot(release="24.11", cache=tmp_path)  # its path: tmp_path/trixie/root
     script = tmp_path / "scontrol"
-    script.write_text(f"#!/bin/sh\n{_enter_root_lines(root, '/usr/bin/scontrol')}echo host\n")
+    script.write_text(f"#!/bin/sh\n{enter_root_lines(root, '/usr/bin/scontrol')}echo host\n")
     script.chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
     root.path.mkdir(parents=True)
