@@ -10,7 +10,10 @@ Timed in rounds, one run of each command per round, in an order shuffled afresh 
 * report_help: `medic report --help`
 * what_if: `medic report what-if --nodes 512 --failure-rate 0.0005 --mttr 40m --mttr 4h
   --days 30` (arithmetic only: no store)
-* config_check: `medic config check` on a valid medic.toml (the operator guide's example)
+* config_check: `medic config check` on a valid medic.toml (the operator guide's example:
+  three [checks.*] tables, gpu_count among them)
+* config_check_bare: `medic config check` on an empty medic.toml (built-in defaults: no
+  check has a table, so no check module is imported)
 * ckpt_help: `medic ckpt --help`
 * nodes: `medic nodes --no-slurm --store URL` (Slurm is not asked)
 * nodes_json: the same with --json
@@ -117,6 +120,10 @@ def storeless_commands(medic: str, config: Path) -> Commands:
         "report_help": ([medic, "report", "--help"], {}),
         "what_if": ([medic, *what_if], {}),
         "config_check": ([medic, "config", "check", "--config", str(config)], {}),
+        "config_check_bare": (
+            [medic, "config", "check", "--config", str(config.with_name("empty.toml"))],
+            {},
+        ),
         "ckpt_help": ([medic, "ckpt", "--help"], {}),
     }
 
@@ -133,6 +140,7 @@ def commands(medic: str, store: str | None, config: Path) -> Commands:
 def write_config(directory: Path) -> Path:
     path = directory / "medic.toml"
     path.write_text(CONFIG.format(state=directory))
+    (directory / "empty.toml").write_text("")  # config_check_bare's
     return path
 
 

@@ -2,7 +2,8 @@
 and store options, aligned tables, errors in three lines (what, why, what to do) and the exit
 codes (0 ok, 1 problem found or refused, 2 usage or configuration error).
 
-`medic nodes` and `medic node ...` live in cli/nodes.py and use the same helpers.
+`medic nodes` and `medic node ...` live in cli/nodes.py and use the same helpers;
+`medic config` lives in cli/config_cmd.py (re-exported here), which imports none of this.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from cli.common import (
     when,
 )
 from cli.complete import complete_node
-from medic_core.config import ConfigError, MedicConfig, load_config
+from cli.config_cmd import config  # `medic config` lives in its own, lighter module
 from medic_core.resilient import parse_resilient
 from medic_core.slurm import JobInfo, SlurmError
 
@@ -449,61 +450,6 @@ def remediation_resume(reason: str, store_url: str | None, config_path: Path | N
         control = ep.EpisodeStore(store).set_paused(False, reason, actor())
     click.echo(_control_line(control, now_utc()))
 
-
-# --- medic config check ---------------------------------------------------------------------
-
-
-def check_config(config: MedicConfig) -> list[str]:
-    """Validate every table the way the daemon does at start and on a reload; returns what
-    was checked. Raises ConfigError (one line per problem: file, key, problem, fix)."""
-    from healthd.config_check import validate_config  # the daemon's own, start and reload
-    from medic_core.settings import RemediationSettings, WebhookSettings
-    from medic_core.store_reader import checked_store_url
-
-    checks = validate_config(config)
-    webhook = WebhookSettings.from_config(config)
-    shown = checked_store_url(config)
-    enabled = sum(1 for c in checks.values() if c.enabled)
-    off = sorted(name for name, c in checks.items() if not c.enabled)
-    observed = RemediationSettings.from_config(config).observe_only
-    return [
-        f"{enabled} of {len(checks)} checks enabled"
-        + (f" (disabled: {', '.join(off)})" if off else ""),
-        f"store {shown}",
-        "webhook " + ("on" if webhook else "off"),
-        *(["observe only: Medic changes nothing in Slurm"] if observed else []),
-    ]
-
-
-@click.group("config")
-def config_group() -> None:
-    """Medic's configuration file."""
-
-
-@config_group.command("check")
-@config_option
-def config_check(config_path: Path | None) -> None:
-    """Load medic.toml and validate every table as the daemon does; OK or the error."""
-    from medic_core.settings import deprecations
-
-    try:
-        config = load_config(config_path)
-        summary = check_config(config)
-    except ConfigError as exc:
-        for line in exc.lines():  # every problem, one line each
-            click.echo(f"medic: {line}", err=True)
-        raise SystemExit(EXIT_PROBLEM) from exc
-    except ValueError as exc:
-        click.echo(f"medic: {exc}", err=True)
-        raise SystemExit(EXIT_PROBLEM) from exc
-    source = config.source or "<built-in defaults: no config file>"
-    for line in deprecations(config):
-        warn(line)
-    click.echo(f"OK {source}: {', '.join(summary)}")
-
-
-# `config` is the name operators type; `config_group` keeps the Python name free.
-config = config_group
 
 __all__ = [
     "EXIT_OK",

@@ -22,7 +22,6 @@ import click
 from medic_core.config import ConfigError, MedicConfig, load_config
 from medic_core.store_reader import Reader, Unreachable, configured_url, open_reader, reader_of
 from medic_core.text import sanitised
-from remediation.policy import Rung
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
@@ -167,6 +166,8 @@ def age(value: dt.datetime | None, now: dt.datetime) -> str:
 
 
 def rung_name(rung: int) -> str:
+    from remediation.policy import Rung  # here: `medic config check` and the --help need none
+
     try:
         return Rung(rung).word
     except ValueError:

@@ -72,7 +72,7 @@ COMMANDS: dict[str, LazyCommand] = {
         "episode",
         "Remediation episodes: list and show them; close or retry one waiting for a human.",
     ),
-    "config": LazyCommand("cli.admin", "config", "Medic's configuration file."),
+    "config": LazyCommand("cli.config_cmd", "config", "Medic's configuration file."),
     "rma": LazyCommand(
         "cli.rma",
         "rma_command",

@@ -1,8 +1,8 @@
 """What each `medic` subcommand imports before it has anything to read: every `--help`, the
 completion of every group's subcommand names, and the commands that read no store
-(`report what-if`, `ckpt`) import neither SQLAlchemy nor the store proper nor any other heavy
-module. Issue 27: `medic report --help` and `medic report what-if` took 0.43 s because
-cli.report imported cli.admin, which imported the store and SQLAlchemy.
+(`report what-if`, `ckpt`, `config check`) import neither SQLAlchemy nor the store proper
+nor any other heavy module. Issue 27: `medic report --help` and `medic report what-if` took
+0.43 s because cli.report imported cli.admin, which imported the store and SQLAlchemy.
 
 Each case runs in a fresh interpreter, the way a shell runs `medic`, and lists the modules
 imported after each command line; the time itself is bench/cli_startup.py's.
@@ -78,7 +78,8 @@ for args, env in json.loads(sys.argv[1]):
         del os.environ[key]
     printed.flush()
     text = printed.buffer.getvalue().decode()
-    out.append({"args": args, "code": code, "heavy": heavy(), "printed": text})
+    loaded = sorted(m for m in sys.modules if m.startswith(("cli.", "healthd.", "remediation")))
+    out.append({"args": args, "code": code, "heavy": heavy(), "printed": text, "loaded": loaded})
 print(json.dumps(out))
 """
 
@@ -206,20 +207,48 @@ def test_ckpt_commands_import_nothing_heavy(tmp_path: Path) -> None:
     ["sqlite:///{tmp}/m.db", "postgresql://medic:secret@db.example:5432/medic", None],
 )
 def test_config_check_imports_nothing_heavy(tmp_path: Path, url: str | None) -> None:
-    """A plain [store] url is judged without SQLAlchemy. config check validates every
-    check's table, so it loads the check modules and with them healthd.nvml_client (its
-    value types; the NVML bindings stay unloaded): that one is allowed here."""
+    """A plain [store] url is judged without SQLAlchemy; no check has a table, so no check
+    module is imported (healthd.checks.check_tables: they are at their defaults)."""
     config = tmp_path / "medic.toml"
     store = f'[store]\nurl = "{url.format(tmp=tmp_path)}"\n' if url else ""
     config.write_text(f'[node]\nstate_dir = "{tmp_path}"\n\n{store}')
     results = run_fresh([(["config", "check", "--config", str(config)], {})])
     assert results[0]["code"] == 0, results
-    for result in results:
-        result["heavy"] = [m for m in result["heavy"] if m != "healthd.nvml_client"]  # type: ignore[union-attr]
     assert_light(results)
     assert "medic:***@db.example:5432/medic" in str(results[0]["printed"]) or url != (
         "postgresql://medic:secret@db.example:5432/medic"
     )
+
+
+# What `medic config check` may load beyond click and the config's own modules: the
+# settings, the check vocabulary and the checks named by a table. Not the other admin
+# commands' module (cli.admin, its node views and Slurm's client), not the remediation.
+NOT_FOR_CONFIG_CHECK = ("cli.admin", "cli.node_view", "remediation")
+
+
+@pytest.mark.parametrize(
+    "tables",
+    [
+        "",
+        "[checks.ib]\nexpected_ports = 8\n\n[checks.filesystems]\n"
+        'required_mounts = ["/"]\n\n[checks.memory]\nexpected_gib = 512\n',
+        # The operator guide's example names gpu_count: NVML's vocabulary loads, no client.
+        "[checks.gpu_count]\nexpected_count = 8\n\n[checks.gpu_xid]\nignore_xids = [43]\n",
+    ],
+)
+def test_config_check_with_tables_imports_only_their_checks(tmp_path: Path, tables: str) -> None:
+    config = tmp_path / "medic.toml"
+    config.write_text(f'[node]\nstate_dir = "{tmp_path}"\n\n{tables}')
+    result = run_fresh([(["config", "check", "--config", str(config)], {})])[0]
+    assert result["code"] == 0, result
+    assert result["heavy"] == [], result["heavy"]
+    named = {f"healthd.checks.{line[8:-1]}" for line in tables.split("\n") if "[checks." in line}
+    shared = {"healthd.checks.base", "healthd.checks.command", "healthd.checks.site"}
+    loaded: list[str] = result["loaded"]  # type: ignore[assignment]
+    checks = {m for m in loaded if m.startswith("healthd.checks.")}
+    assert checks - shared - {"healthd.checks.gpu_common"} == named
+    stray = [m for m in loaded if m.startswith(NOT_FOR_CONFIG_CHECK)]
+    assert stray == [], stray
 
 
 def test_config_check_reads_an_unplain_store_url_through_sqlalchemy(tmp_path: Path) -> None:

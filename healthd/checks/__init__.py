@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import pkgutil
-from collections.abc import Mapping
+import sys
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from healthd.checks.base import (
@@ -49,6 +52,7 @@ __all__ = [
     "CheckConfig",
     "CheckContext",
     "CheckSpec",
+    "CheckTables",
     "Clock",
     "CommandRunner",
     "Kind",
@@ -56,6 +60,7 @@ __all__ = [
     "Result",
     "Status",
     "Tier",
+    "check_tables",
     "disabled_by",
     "fault",
     "get",
@@ -72,6 +77,10 @@ __all__ = [
 ]
 
 _NOT_CHECKS = frozenset({"base", "reference", "command", "site"})
+# Modules of this package that several checks share and that register none.
+_HELPERS = frozenset({"gpu_common", "deep_common"})
+# The entry-point group of a site's Python checks (healthd.checks.site loads them).
+SITE_GROUP = "medic.checks"
 
 
 def discover() -> None:
@@ -91,6 +100,16 @@ def registry(site: bool = True) -> tuple[CheckSpec, ...]:
 
         load_site_checks()
     return registered()
+
+
+def shipped_checks() -> frozenset[str]:
+    """The shipped checks' names, none imported: each check module registers the one check
+    of its own name (tests/test_checks_registry.py holds them to it)."""
+    return frozenset(
+        info.name
+        for info in pkgutil.iter_modules(__path__)
+        if not info.name.startswith("_") and info.name not in _NOT_CHECKS | _HELPERS
+    )
 
 
 def specs_for(configs: Mapping[str, CheckConfig]) -> tuple[CheckSpec, ...]:
@@ -149,7 +168,7 @@ DISABLED = "disabled"
 
 
 def _disabled_list(
-    value: Any, configs: Mapping[str, CheckConfig], source: Any
+    value: Any, configs: Collection[str], source: Any
 ) -> tuple[set[str], list[ConfigError]]:
     where = f"checks.{DISABLED}"
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -173,11 +192,77 @@ def disabled_by(config: MedicConfig, name: str) -> str:
     return f"[checks.{name}] enabled = false"
 
 
+@dataclass(frozen=True)
+class CheckTables:
+    """Every check's config as `load_check_configs` gives it, but for the shipped checks
+    without a table of their own, which `check_tables` leaves unimported (issue 27: `medic
+    config check` in <= 0.15 s): each is its defaults, enabled unless `[checks] disabled`
+    lists it (tests/test_checks_registry.py holds every shipped check's defaults valid)."""
+
+    configs: Mapping[str, CheckConfig]  # parsed: the checks with a table, site and command
+    at_defaults: frozenset[str]  # shipped checks with no table, not imported
+    listed_off: frozenset[str]  # `[checks] disabled`
+
+    def names(self) -> list[str]:
+        return sorted({*self.configs, *self.at_defaults})
+
+    def disabled(self) -> list[str]:
+        off = [name for name, cfg in self.configs.items() if not cfg.enabled]
+        return sorted([*off, *(self.at_defaults & self.listed_off)])
+
+
 def load_check_configs(config: MedicConfig) -> dict[str, CheckConfig]:
     """Each check's config from the `[checks.<name>]` tables, defaults for the rest, and one
     per `[checks.command.<name>]` table (keyed `command.<name>`); on a
     node declared a CPU node (`[healthd] gpus = "none"`) without what only a GPU node has
     (`CheckConfig.for_cpu_node`: the services check's GPU daemons)."""
+    return dict(_parse_checks(config, {spec.name: spec for spec in registry()}).configs)
+
+
+def check_tables(config: MedicConfig) -> CheckTables:
+    """The same tables, the same problems as `load_check_configs`, importing only the
+    shipped checks that have a table (and every check when a site ships its own: then the
+    daemon's order of loading, shipped checks first, decides which name is whose)."""
+    if site_checks_declared():
+        return _parse_checks(config, {spec.name: spec for spec in registry()})
+    table: Any = config.table("checks")
+    shipped = shipped_checks()
+    for name in sorted(shipped & set(table if isinstance(table, Mapping) else ())):
+        importlib.import_module(f"{__name__}.{name}")
+    specs = {spec.name: spec for spec in registered()}
+    return _parse_checks(config, specs, shipped - set(specs))
+
+
+def site_checks_declared() -> bool:
+    """Whether a distribution on sys.path may declare `medic.checks` entry points, found
+    without importlib.metadata (which alone costs `medic config check` a tenth of its start):
+    each *.dist-info or *.egg-info directory's entry_points.txt is searched for the group's
+    name. What it cannot read that way (a zip on sys.path, an unreadable directory) counts as
+    yes: then every check loads, as the daemon loads them."""
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except FileNotFoundError:
+            continue
+        except OSError:  # a zip or egg file, a directory this process may not read
+            return True
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            try:
+                with open(os.path.join(entry or ".", name, "entry_points.txt"), "rb") as f:
+                    if SITE_GROUP.encode() in f.read():
+                        return True
+            except (FileNotFoundError, NotADirectoryError):  # no entry points; a PKG-INFO file
+                continue
+            except OSError:
+                return True
+    return False
+
+
+def _parse_checks(
+    config: MedicConfig, specs: Mapping[str, CheckSpec], at_defaults: frozenset[str] = frozenset()
+) -> CheckTables:
     from medic_core.settings import DaemonSettings
 
     problems: list[ConfigError] = []  # every table's, one line each (medic config check)
@@ -186,20 +271,20 @@ def load_check_configs(config: MedicConfig) -> dict[str, CheckConfig]:
     except ConfigError as exc:
         problems += [exc, *exc.others]
         cpu_node = False
-    specs = {spec.name: spec for spec in registry()}
     table: Any = config.table("checks")
+    known = {*specs, *at_defaults}
     if not isinstance(table, Mapping):
         raise ConfigError(config.source, "checks", "expected a table", "write [checks.<name>]")
     bad = set()
     for name, sub in table.items():
         if (name == COMMAND_TABLE and name not in specs) or name == DISABLED:
             continue
-        if name not in specs:
+        if name not in known:
             problems.append(ConfigError(
                 config.source,
                 f"checks.{name}",
                 "unknown check",
-                f"use one of: {', '.join(sorted(specs))}",
+                f"use one of: {', '.join(sorted(known))}",
             ))  # fmt: skip
         elif not isinstance(sub, Mapping):
             bad.add(name)
@@ -221,7 +306,9 @@ def load_check_configs(config: MedicConfig) -> dict[str, CheckConfig]:
             configs.update(_command_configs(table.get(COMMAND_TABLE, {}), config.source))
         except ConfigError as exc:
             problems += [exc, *exc.others]
-    off, listed_problems = _disabled_list(table.get(DISABLED, []), configs, config.source)
+    off, listed_problems = _disabled_list(
+        table.get(DISABLED, []), {*configs, *at_defaults}, config.source
+    )
     problems += listed_problems
     if problems:
         raise ConfigError.of(problems)
@@ -230,4 +317,4 @@ def load_check_configs(config: MedicConfig) -> dict[str, CheckConfig]:
     }
     if cpu_node:
         configs = {name: cfg.for_cpu_node() for name, cfg in configs.items()}
-    return configs
+    return CheckTables(configs, at_defaults, frozenset(off))

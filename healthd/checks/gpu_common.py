@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from healthd.checks.base import (
     CheckContext,
@@ -26,8 +26,10 @@ from healthd.checks.base import (
     Status,
     remediation_for,
 )
-from healthd.nvml_client import GpuInfo, NvmlClient, Problem, Reading
-from healthd.xid import XidBuffer
+from healthd.nvml_types import GpuInfo, NvmlClient, Problem, Reading
+
+if TYPE_CHECKING:
+    from healthd.xid import XidBuffer
 
 T = TypeVar("T")
 
@@ -66,10 +68,18 @@ class StaticJobState:
         return self.state
 
 
+def _no_xids() -> XidBuffer:
+    """An empty XID buffer. healthd.xid (its catalog) loads here, not with every GPU check's
+    module: `medic config check` imports the checks for their config alone (issue 27)."""
+    from healthd.xid import XidBuffer
+
+    return XidBuffer()
+
+
 @dataclass(frozen=True)
 class GpuContext:
     client: NvmlClient
-    xids: XidBuffer = field(default_factory=XidBuffer)
+    xids: XidBuffer = field(default_factory=_no_xids)
     jobs: JobStateProvider | None = None
 
 

@@ -27,7 +27,7 @@ from healthd.checks.gpu_common import (
     gpu_ok,
     problem_result,
 )
-from healthd.nvml_client import CallHealth, GpuInfo, Problem, Reading, Sweep, pci_key
+from healthd.nvml_types import CallHealth, GpuInfo, Problem, Reading, Sweep, pci_key
 
 NAME = "gpu_count"
 

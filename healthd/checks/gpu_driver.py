@@ -17,7 +17,7 @@ from healthd.checks.base import (
     setting,
 )
 from healthd.checks.gpu_common import gpu_context, gpu_fault, gpu_ok, problem_result
-from healthd.nvml_client import Reading, measure
+from healthd.nvml_types import Reading, measure
 
 NAME = "gpu_driver"
 

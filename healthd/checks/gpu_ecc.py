@@ -26,7 +26,7 @@ from healthd.checks.gpu_common import (
     gpu_fault,
     sample_gpus,
 )
-from healthd.nvml_client import EccCounts
+from healthd.nvml_types import EccCounts
 
 NAME = "gpu_ecc"
 

@@ -24,7 +24,7 @@ from healthd.checks.gpu_common import (
     gpu_fault,
     sample_gpus,
 )
-from healthd.nvml_client import NvLinkStates
+from healthd.nvml_types import NvLinkStates
 
 NAME = "gpu_nvlink"
 

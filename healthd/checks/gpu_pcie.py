@@ -25,7 +25,7 @@ from healthd.checks.gpu_common import (
     gpu_fault,
     sample_gpus,
 )
-from healthd.nvml_client import PcieLink
+from healthd.nvml_types import PcieLink
 
 NAME = "gpu_pcie"
 

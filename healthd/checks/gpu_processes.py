@@ -30,7 +30,7 @@ from healthd.checks.gpu_common import (
     gpu_not_applicable,
     sweep_gpus,
 )
-from healthd.nvml_client import GpuProcess, MemoryUsage, NvmlClient, Reading
+from healthd.nvml_types import GpuProcess, MemoryUsage, NvmlClient, Reading
 
 NAME = "gpu_processes"
 _NO_COUNT: Reading[int] = Reading(0)

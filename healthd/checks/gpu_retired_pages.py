@@ -24,7 +24,7 @@ from healthd.checks.gpu_common import (
     gpu_fault,
     sample_gpus,
 )
-from healthd.nvml_client import RetiredPages
+from healthd.nvml_types import RetiredPages
 
 NAME = "gpu_retired_pages"
 

@@ -26,7 +26,7 @@ from healthd.checks.gpu_common import (
     gpu_fault,
     sample_gpus,
 )
-from healthd.nvml_client import Thermal
+from healthd.nvml_types import Thermal
 
 NAME = "gpu_thermal"
 WATCHED_REASONS = ("hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal")

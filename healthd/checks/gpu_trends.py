@@ -40,7 +40,7 @@ from healthd.checks.gpu_common import (
     problem_result,
     sweep_gpus,
 )
-from healthd.nvml_client import Problem, Reading, Thermal, TrendCounters
+from healthd.nvml_types import Problem, Reading, Thermal, TrendCounters
 from healthd.trends import (
     COUNTERS,
     GAUGES,

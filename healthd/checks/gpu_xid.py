@@ -37,7 +37,7 @@ from healthd.checks.base import (
 )
 from healthd.checks.gpu_common import gpu_context, gpu_fault, gpu_ok
 from healthd.kmsg import boot_wall, read_since, wall_time
-from healthd.nvml_client import NvmlClient, NvmlError, pci_key
+from healthd.nvml_types import NvmlClient, NvmlError, pci_key
 from healthd.xid import CATALOG, XidEntry, XidRecord, xids_from_records
 from medic_core.vocabulary import Recommendation
 

@@ -25,6 +25,7 @@ import threading
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
+from healthd.checks import SITE_GROUP
 from healthd.checks.base import (
     Check,
     CheckConfig,
@@ -37,7 +38,7 @@ from healthd.checks.base import (
     registered,
 )
 
-GROUP = "medic.checks"
+GROUP = SITE_GROUP
 log = logging.getLogger("medic.checks.site")
 
 _lock = threading.Lock()
