@@ -29,7 +29,8 @@ from medic_core.drain_reason import BURN_IN, format_reason, is_burn_in_reason
 from medic_core.settings import BurnInSettings
 from medic_core.status import Status
 from medic_core.vocabulary import Finding, Recommendation
-from remediation.decide import NodeFacts, decide_resume
+from remediation.decide import NodeFacts
+from remediation.decide_resume import decide_resume
 from remediation.policy import first_rung
 
 CONDITION = "burn_in"  # the condition type holding a node's record

@@ -3,7 +3,7 @@
 Every resume (the ladder's give-back, the HealthCheckProgram, the isolator, spares, burn-in,
 `medic node resume`, `medic episode close --resume`, `medic check --requalify`) reads the node
 from Slurm, asks Medic's drain records whose the drain is (medic_core.drain_book), lets the
-decision core decide (remediation.decide.decide_resume), records the resume with its actor and
+decision core decide (remediation.decide_resume), records the resume with its actor and
 episode (closing the drain record) BEFORE asking Slurm, and only then resumes. A drain with no
 record is never resumed by Medic, whatever its text.
 """
@@ -18,7 +18,8 @@ from medic_core.drain_book import DrainBook, Ownership
 from medic_core.drain_reason import DrainOutcome, observing
 from medic_core.slurm import NodeInfo, SlurmClient, SlurmError
 from medic_core.vocabulary import Finding
-from remediation.decide import NodeFacts, Refusal, ResumeDecision, decide_resume
+from remediation.decide import NodeFacts
+from remediation.decide_resume import Refusal, ResumeDecision, decide_resume
 
 log = logging.getLogger("medic.remediation")
 

@@ -72,7 +72,7 @@ def health_check(
     from medic_core.status import Status
     from medic_core.vocabulary import Finding, Verdict
     from remediation.actions import drain_through_core
-    from remediation.decide import decide_resume
+    from remediation.decide_resume import decide_resume
     from remediation.give_back import facts_of, give_back
     from slurm_hooks.hygiene_watch import resume_if_clean
     from slurm_hooks.ownership import remediation_owns

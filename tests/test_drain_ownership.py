@@ -28,7 +28,8 @@ from medic_core.drain_reason import (
 from medic_core.slurm import NodeInfo
 from medic_core.store import DRAIN_RECORDED, DRAIN_RESUMED, DrainRecord, Store, open_store
 from remediation import episodes as ep
-from remediation.decide import NodeFacts, Refusal, decide_resume
+from remediation.decide import NodeFacts
+from remediation.decide_resume import Refusal, decide_resume
 from remediation.give_back import give_back
 from tests.fakes import FakeSlurm
 from tests.test_cli_episode import db, opened, run, slurm  # noqa: F401 (fixtures)
