@@ -29,8 +29,8 @@ from remediation.decide import (
     cap_reason,
     decide_fault,
     decide_launch,
-    decide_resume,
 )
+from remediation.decide_resume import decide_resume
 from remediation.policy import Rung
 
 XID79 = Finding(

@@ -73,10 +73,10 @@ from remediation.decide import (
     Rails,
     cap_reason,
     decide_fault,
-    decide_resume,
     fault_key,
     primary,
 )
+from remediation.decide_resume import decide_resume
 from remediation.policy import drain_cap
 from tests.fakes import FakeSlurm, SlurmJob, SlurmNode
 
