@@ -289,7 +289,12 @@ class HealthDaemon:
         from healthd.inventory import InventoryRecorder  # off the start-up path
 
         # The node's inventory, for `medic fleet drift`: now, then every [fleet] inventory_every.
-        inventory = InventoryRecorder.for_daemon(self)
+        inventory = InventoryRecorder.for_daemon(
+            self.node,
+            lambda: self.config,
+            lambda: self.gpu.client if self.gpu is not None else None,
+            self.store,
+        )
         self.heartbeat.beat()
         while not self._stop.is_set():
             self._wake.clear()

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from healthd.hostfs import list_dir, read_value
 from healthd.nvml_client import GpuInfo, NvmlError
@@ -33,9 +33,6 @@ from medic_core.inventory import (
     NodeInventory,
     clean_version,
 )
-
-if TYPE_CHECKING:
-    from healthd.daemon import HealthDaemon
 
 log = logging.getLogger("medic.healthd.inventory")
 
@@ -168,25 +165,32 @@ class InventoryRecorder:
         self.last: NodeInventory | None = None  # as last written
 
     @classmethod
-    def for_daemon(cls, daemon: HealthDaemon) -> InventoryRecorder:
+    def for_daemon(
+        cls,
+        node: str,
+        config: Callable[[], MedicConfig],
+        nvml: Callable[[], VersionSource | None],
+        store: InventoryStore,
+    ) -> InventoryRecorder:
+        """The daemon's recorder: `config` and `nvml` read at each use (a reload makes a new
+        configuration; a node may lose or regain NVML)."""
         settings: dict[int, float] = {}
 
         def every() -> float:
-            config: MedicConfig = daemon.config  # a reload makes a new one
-            if id(config) not in settings:
+            current = config()
+            if id(current) not in settings:
                 try:
-                    value = FleetSettings.from_config(config).inventory_every
+                    value = FleetSettings.from_config(current).inventory_every
                 except ConfigError:  # validated at start and on reload: not reached
                     value = FleetSettings().inventory_every
                 settings.clear()
-                settings[id(config)] = value
-            return settings[id(config)]
+                settings[id(current)] = value
+            return settings[id(current)]
 
         def gather_now() -> NodeInventory | None:
-            nvml = daemon.gpu.client if daemon.gpu is not None else None
-            return gather(daemon.config.paths.host_root, nvml)
+            return gather(config().paths.host_root, nvml())
 
-        return cls(daemon.node, gather_now, daemon.store, every)
+        return cls(node, gather_now, store, every)
 
     def record(self) -> bool | None:
         """Gather and write now: True when the stored inventory changed, False when it did

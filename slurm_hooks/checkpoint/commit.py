@@ -17,7 +17,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slurm_hooks.checkpoint.layout import (
     DIR_ENV,
@@ -27,6 +27,7 @@ from slurm_hooks.checkpoint.layout import (
     TMP_PREFIX,
     CheckpointError,
     FileEntry,
+    StepDirectory,
     check_step,
     fsync_path,
     host,
@@ -34,9 +35,6 @@ from slurm_hooks.checkpoint.layout import (
     step_name,
 )
 from slurm_hooks.checkpoint.ledger import COMMIT, LedgerRecord, append_ledger
-
-if TYPE_CHECKING:
-    from slurm_hooks.checkpoint.directory import CheckpointDir
 
 _HASH_CHUNK = 1 << 20
 _fault: Callable[[str], None] | None = None
@@ -57,7 +55,7 @@ def _sha256(path: Path) -> str:
 
 @contextlib.contextmanager
 def staging(
-    ckpt: CheckpointDir,
+    ckpt: StepDirectory,
     step: int,
     undo: Callable[[Path], str | None] | None = None,
     *,
@@ -111,7 +109,7 @@ def staging(
 
 
 def _commit(
-    ckpt: CheckpointDir,
+    ckpt: StepDirectory,
     tmp: Path,
     final: Path,
     step: int,
@@ -187,7 +185,7 @@ def _commit(
     append_ledger(ckpt.root, record)
 
 
-def commit_directory(ckpt: CheckpointDir, src: Path, step: int, *, move: bool) -> None:
+def commit_directory(ckpt: StepDirectory, src: Path, step: int, *, move: bool) -> None:
     """`CheckpointDir.commit` up to its commit's rename: `src` copied (or moved) into a
     temporary directory and committed; with `move`, what was moved goes back on failure."""
     if not src.is_dir():

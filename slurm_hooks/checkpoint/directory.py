@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
 from slurm_hooks.checkpoint.commit import commit_directory, staging
 from slurm_hooks.checkpoint.layout import (
@@ -120,6 +120,11 @@ class CheckpointDir:
         return [] if self.local is None else self.local.drain(timeout)
 
     # ---- reading -----------------------------------------------------------------------
+
+    def tier_dir(self, root: Path) -> Self:
+        """A directory at `root` of this one's class, with its environment and no tier of
+        its own: a node-local tier's own steps (node_local.LocalTier)."""
+        return type(self)(root, env=self._env, local=False)
 
     def load(self, path: Path, *, verify_hashes: bool = False) -> Checkpoint | None:
         """The checkpoint at `path`, or None when it is incomplete or does not match its

@@ -11,7 +11,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 DIR_ENV = "MEDIC_CHECKPOINT_DIR"
 RESTART_ENV = "SLURM_RESTART_COUNT"  # absent on a job's first run
@@ -128,3 +128,23 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+class StepDirectory(Protocol):
+    """What committing (commit.py) and the node-local tier (node_local.py) need of a
+    checkpoint directory (directory.CheckpointDir), named here so that neither imports the
+    class that imports them."""
+
+    root: Path
+    hash_files: bool
+    _env: Mapping[str, str]
+    _tier: str  # the commit's fault points name it
+    _ledger: bool  # whether its commits are written to the durable ledger
+
+    def load(self, path: Path, *, verify_hashes: bool = False) -> Checkpoint | None: ...
+
+    def checkpoints(self, *, verify_hashes: bool = False) -> list[Checkpoint]: ...
+
+    def tier_dir(self, root: Path) -> StepDirectory:
+        """A directory of the same kind at `root`, for a tier's own steps."""
+        ...

@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from medic_core.user_files import UnsafeFile, UserDir
 from slurm_hooks import local_tier
@@ -28,14 +27,12 @@ from slurm_hooks.checkpoint.layout import (
     TRASH_PREFIX,
     Checkpoint,
     CheckpointError,
+    StepDirectory,
     check_step,
     step_dirs,
     step_name,
 )
 from slurm_hooks.checkpoint.prune import Pruned, abandoned
-
-if TYPE_CHECKING:
-    from slurm_hooks.checkpoint.directory import CheckpointDir
 
 # The node-local tier: its base directory (the job's own directory is `job-<SLURM_JOB_ID>`
 # in it) and its cap in bytes (a number, or with K, M, G, T: binary).
@@ -139,12 +136,12 @@ class LocalTier:
     that commit's rename is; before, it lives only here."""
 
     def __init__(
-        self, durable: CheckpointDir, root: Path, cap: int | None, background: bool
+        self, durable: StepDirectory, root: Path, cap: int | None, background: bool
     ) -> None:
         self.durable = durable
         own_dir(root.absolute())
         local_tier.register_job_dir(durable._env, root.absolute())
-        self.dir = type(durable)(root, env=durable._env, local=False)  # its own steps
+        self.dir = durable.tier_dir(root)  # its own steps
         self.dir._tier, self.dir._ledger = LOCAL, False
         self.root = self.dir.root
         if cap is None and durable._env.get(LOCAL_CAP_ENV):

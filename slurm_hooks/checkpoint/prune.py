@@ -7,21 +7,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from medic_core.user_files import UnsafeFile, UserDir
 from slurm_hooks.checkpoint.layout import (
     TMP_DIR,
     TMP_PREFIX,
     TRASH_PREFIX,
+    Checkpoint,
     CheckpointError,
     host,
     pid_alive,
     step_dirs,
 )
-
-if TYPE_CHECKING:
-    from slurm_hooks.checkpoint.directory import CheckpointDir
 
 
 @dataclass
@@ -32,7 +30,24 @@ class Pruned:
     kept: list[tuple[Path, str]] = field(default_factory=list)
 
 
-def prune_report(ckpt: CheckpointDir, keep: int, *, stale_after: float) -> Pruned:
+class LocalPruning(Protocol):
+    def prune(self, keep: int, stale_after: float, report: Pruned) -> None: ...
+
+
+class PrunedDirectory(Protocol):
+    """What pruning needs of a checkpoint directory (directory.CheckpointDir), named here
+    so that this module does not import the class that imports it."""
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def local(self) -> LocalPruning | None: ...
+
+    def checkpoints(self, *, verify_hashes: bool = False) -> list[Checkpoint]: ...
+
+
+def prune_report(ckpt: PrunedDirectory, keep: int, *, stale_after: float) -> Pruned:
     """`CheckpointDir.prune_report`: prune `ckpt` (its node-local tier first)."""
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise CheckpointError(
