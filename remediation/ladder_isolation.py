@@ -58,10 +58,7 @@ class LadderIsolation(LadderService):
             episode = self.isolation().recover(episode, jobs)
         except (IsolationError, SlurmError) as exc:
             return self._isolation_failed(episode, exc)
-        after = recorded(episode.evidence)
-        if after is not None and after.state == RESTORED:
-            return self._resolve(episode, f"GPU(s) {list(after.gpus)} back in the GRES")
-        return episode
+        return self._resolved_if_restored(episode)
 
     def _restore(self, episode: ep.Episode, isolator: Isolator) -> ep.Episode:
         """Repaired and re-qualified: the isolated GPU(s) come back; the node is drained
@@ -70,6 +67,10 @@ class LadderIsolation(LadderService):
             episode = isolator.restore(episode, self.host.jobs_running())
         except (IsolationError, SlurmError) as exc:
             return self._isolation_failed(episode, exc)
+        return self._resolved_if_restored(episode)
+
+    def _resolved_if_restored(self, episode: ep.Episode) -> ep.Episode:
+        """The episode resolved once its isolation record says the GPU(s) are back."""
         after = recorded(episode.evidence)
         if after is not None and after.state == RESTORED:
             return self._resolve(episode, f"GPU(s) {list(after.gpus)} back in the GRES")
