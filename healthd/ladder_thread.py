@@ -234,7 +234,7 @@ class LadderThread:
         for action in actions:
             log.warning("job %s: %s: %s", action.job_id, action.action, action.detail)
             self.event(
-                now,
+                action.at or now,
                 kind="job_action",
                 severity=Severity.WARN,
                 source="healthd",

@@ -121,7 +121,7 @@ class ProgressAnswers:
         for action in actions:
             log.warning("job %s: %s: %s", action.job_id, action.action, action.detail)
             self.thread.event(
-                now,
+                action.at or now,
                 kind="job_action",
                 severity=Severity.WARN,
                 source="healthd",

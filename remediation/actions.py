@@ -6,6 +6,7 @@ timeout); a failure is logged with Slurm's own message and never raised into a h
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import sys
@@ -272,6 +273,9 @@ class JobAction:
     job_id: str
     action: str  # requeued, requeue_failed, and the decision core's: not_resilient, ...
     detail: str
+    # When Slurm's requeue returned, before the job was made eligible again: the job's next
+    # prolog can only come after it (medic report's isolated_at). None: no requeue was asked.
+    at: dt.datetime | None = None
 
 
 def job_facts(client: SlurmClient, node: str) -> list[JobFacts]:
@@ -330,12 +334,14 @@ def carry_out(
         except SlurmError as exc:
             actions.append(JobAction(job.job_id, "requeue_failed", str(exc)))
             continue
+        requeued_at = dt.datetime.now(dt.UTC)
+        note = job.note.removeprefix("medic: ")
         if observed:  # never requeued: nothing to make eligible, no spare to hand
-            actions.append(JobAction(job.job_id, "would_requeue", job.note.removeprefix("medic: ")))
+            actions.append(JobAction(job.job_id, "would_requeue", note, requeued_at))
             continue
         if after_requeue is not None:
             after_requeue(job.job_id, job.slurm_restarts)
-        actions.append(JobAction(job.job_id, "requeued", job.note.removeprefix("medic: ")))
+        actions.append(JobAction(job.job_id, "requeued", note, requeued_at))
     return drained, actions
 
 

@@ -1,10 +1,12 @@
 """The prolog's slow path: the daemon refused the node, or did not answer.
 
 Everything here keeps to the prolog's one deadline (slurm_hooks.prolog): the inline launch
-tier gets only what is left of it, and what follows the verdict (recording it, the
-refusal's drain and releaser) must be done by ACTIONS_GRACE past it; work still going then is
-left behind (the exit status, which is what Slurm acts on, is already decided; without
-Medic's drain Slurm drains the node itself, reason "Prolog error")."""
+tier gets only what is left of it, and recording the verdict must be done by ACTIONS_GRACE
+past it. A refusal's drain and releaser get REFUSAL_GRACE from the verdict, however late it
+came: the refused job cannot start here anyway, and without Medic's drain Slurm drains the
+node itself with the reason "Prolog error", which names no fault and which Medic does not
+own (a CI run's loaded machine took longer than the 0.3 s past the deadline it once had).
+Work still going then is left behind: the exit status, what Slurm acts on, is decided."""
 
 from __future__ import annotations
 
@@ -31,22 +33,23 @@ from slurm_hooks.job_place import job_place
 # remediation.burn_in.CONDITION, spelt out: that module costs the prolog ~7 ms to import.
 BURN_IN_CONDITION = "burn_in"
 SKIPPED = "skipped"  # the verdict's source when [hooks] skip_launch_* ran no launch check
-ACTIONS_GRACE = 0.3  # seconds past the deadline for recording and the refusal's actions
+ACTIONS_GRACE = 0.3  # seconds past the deadline for recording the verdict
+REFUSAL_GRACE = 10.0  # seconds from the verdict for a refusal's drain and releaser
 
 
-def finish_by(deadline: float, work: dict[str, Callable[[], None]]) -> list[str]:
-    """Run each piece of `work` in its own daemon thread, all at once, and wait for them
-    until `deadline` (monotonic); returns what is still going then (one line on stderr
-    each): the process may not wait for it."""
+def finish_by(work: dict[str, tuple[Callable[[], None], float]]) -> list[str]:
+    """Run each piece of `work` (a call and the monotonic time it must be done by) in its
+    own daemon thread, all at once, and wait for each until its time; returns what is still
+    going then (one line on stderr each): the process may not wait for it."""
     threads = {
-        what: threading.Thread(target=call, name=f"prolog-{what}", daemon=True)
-        for what, call in work.items()
+        what: (threading.Thread(target=call, name=f"prolog-{what}", daemon=True), by)
+        for what, (call, by) in work.items()
     }
-    for thread in threads.values():
+    for thread, _ in threads.values():
         thread.start()
-    for thread in threads.values():
-        thread.join(max(0.0, deadline - time.monotonic()))
-    left = [what for what, thread in threads.items() if thread.is_alive()]
+    for thread, by in threads.values():
+        thread.join(max(0.0, by - time.monotonic()))
+    left = [what for what, (thread, _) in threads.items() if thread.is_alive()]
     for what in left:
         print(f"medic-prolog: {what} still going at the launch deadline; left", file=sys.stderr)
     return left
@@ -82,7 +85,8 @@ def gate_slow_path(
     reply: dict[str, Any],
     deadline: float,
 ) -> int:
-    work: dict[str, Callable[[], None]] = {}
+    work: dict[str, tuple[Callable[[], None], float]] = {}
+    recorded_by = deadline + ACTIONS_GRACE
     if reply.get("allow") is None:  # no daemon: judge here, and record it ourselves
         unburnt = burn_in_refusal(config)
         skip = settings.skips_launch_checks(**job_place())
@@ -96,7 +100,7 @@ def gate_slow_path(
             note = "; ".join(n for n in (str(reply.get("note", "")), inline.note) if n)
             verdict = Verdict(inline.status, inline.findings, "inline", inline.seconds, note)
         decision = observed_gate(decide(verdict, settings), observe_only(config))
-        work["recording"] = lambda: record_gate(config, job_id, verdict, decision)
+        work["recording"] = (lambda: record_gate(config, job_id, verdict, decision), recorded_by)
     else:  # the daemon decided (and recorded) a refusal: it stands, with its reasons
         verdict = Verdict.from_reply(reply, "healthd", float(reply.get("seconds", 0.0)))
         decision = decide(verdict, settings)
@@ -111,10 +115,11 @@ def gate_slow_path(
             decision = GateDecision(False, Status.CRITICAL, findings or (refused,), why)
     messages: list[str] = []
     if not decision.allow:
-        work["the refusal's drain"] = lambda: messages.append(
-            refuse_launch(config, settings, job_id, decision)
+        work["the refusal's drain"] = (
+            lambda: messages.append(refuse_launch(config, settings, job_id, decision)),
+            max(recorded_by, time.monotonic() + REFUSAL_GRACE),
         )
-    left = finish_by(deadline + ACTIONS_GRACE, work) if work else []
+    left = finish_by(work) if work else []
     code = 0
     if not decision.allow:
         why = decision.first.message if decision.first else decision.why

@@ -10,6 +10,7 @@ fake Slurm, with the invariants checked after every step.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -208,6 +209,26 @@ def test_a_job_asking_more_than_max_restarts_gets_the_cap_and_is_told() -> None:
     fresh = job("A", LOW, budget=99)
     d = decide_fault([XID94], FaultFacts("n1", NodeFacts(), (fresh,), max_restarts=2))
     assert d.requeued == ("A",) and "restart 1/2 (asked 99" in d.jobs[0].note
+
+
+def test_a_requeue_is_dated_when_slurm_took_it_before_the_job_is_made_eligible() -> None:
+    """medic report's isolated_at is the requeue's record: the job's next prolog (its
+    running_at) can come only after the job is made eligible, so the record's time must be
+    taken before that, not once the whole answer is done (a restart in 0.9 s was missed)."""
+    slurm = shared_node()
+    slurm.start_job("j1", "n1", "medic:resilient=3", gpus=frozenset({5}))
+    decision = decide_fault([XID13], FaultFacts("n1", NodeFacts(), (job("j1", HIGH),)))
+    eligible_at: list[dt.datetime] = []
+    asked = dt.datetime.now(dt.UTC)
+    _, [action] = carry_out(
+        slurm, "n1", decision, lambda job_id, _: eligible_at.append(dt.datetime.now(dt.UTC))
+    )
+    assert action.action == "requeued" and action.at is not None
+    assert asked <= action.at <= eligible_at[0]
+    # No requeue asked (the job is told only): no requeue time.
+    told = decide_fault([XID13], FaultFacts("n1", NodeFacts(), (job("j1", HIGH, budget=None),)))
+    _, [note] = carry_out(slurm, "n1", told)
+    assert note.action != "requeued" and note.at is None
 
 
 def test_max_restarts_is_a_setting_with_a_default() -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -316,3 +317,39 @@ def test_the_opt_in_drop_in_makes_slurmd_require_the_daemons_readiness() -> None
     assert daemon["Service"]["Type"] == ["notify"]
     # The shipped default stays ordering only: the drop-in is the operator's choice.
     assert daemon["Unit"]["Before"] == ["slurmd.service"] and "Requires" not in daemon["Unit"]
+
+
+def test_a_refusals_drain_is_waited_for_past_the_deadline_a_hung_recording_is_not(
+    tmp_path: Path,
+    slow_path: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A verdict reached late (a loaded machine): the refusal's drain still gets its
+    REFUSAL_GRACE, so the node keeps Medic's reason, not Slurm's "Prolog error"; recording
+    the verdict gets only ACTIONS_GRACE past the deadline and is left behind when it hangs."""
+    config = config_with(tmp_path, '["deep_dcgm"]')
+    settings = HookSettings.from_config(config)
+    never = threading.Event()
+    drained: list[str] = []
+
+    def slow_drain(config: MedicConfig, s: HookSettings, job: str, d: GateDecision) -> str:
+        time.sleep(gate.ACTIONS_GRACE + 0.2)  # a slow slurmctld, past the recording's grace
+        drained.append(job)
+        return f"{config.node_name} refused job {job}: burn-in (drain: drained)"
+
+    monkeypatch.setattr(gate, "refuse_launch", slow_drain)
+    monkeypatch.setattr(gate, "record_gate", lambda c, j, v, d: never.wait())
+
+    def exit_now(code: int) -> NoReturn:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(gate, "exit_now", exit_now)
+    reply = {"allow": None, "note": "medic-healthd: no such file"}
+    with pytest.raises(SystemExit) as ended:
+        gate.gate_slow_path(config, settings, "45", reply, time.monotonic() - 1.0)
+    assert ended.value.code == 1 and drained == ["45"]
+    err = capsys.readouterr().err
+    assert "recording still going at the launch deadline; left" in err
+    assert "the refusal's drain still going" not in err
+    assert "refused job 45: burn-in (drain: drained)" in err

@@ -46,6 +46,13 @@ def submit(lab: Lab, node: str, out: Path) -> str:
     return lab.slurm(argv).stdout.strip().split(";")[0]
 
 
+def prolog_log(lab: Lab, node: str) -> list[str]:
+    """What slurmd logged of the node's prologs (their status; medic-prolog's own lines)."""
+    log = lab.layout.node(node).slurmd_log
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return [line for line in text.splitlines() if "rolog" in line or "medic" in line][-20:]
+
+
 def test_a_job_on_a_node_never_burnt_in_is_refused_without_the_daemon_and_runs_after_the_pass(
     lab: Lab, burn_in_on: Path, tmp_path: Path
 ) -> None:
@@ -66,7 +73,7 @@ def test_a_job_on_a_node_never_burnt_in_is_refused_without_the_daemon_and_runs_a
     reason = node_info(lab, "n1")["reason"]
     # Medic's burn-in drain (not Slurm's "Prolog error"): the daemon, once it runs, burns the
     # node in and gives it back.
-    assert is_burn_in_reason(reason) and "not passed" in reason, reason
+    assert is_burn_in_reason(reason) and "not passed" in reason, (reason, prolog_log(lab, "n1"))
     assert not first_out.exists()
     lab.slurm(["scancel", first])
 
