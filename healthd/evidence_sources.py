@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from healthd.kmsg import boot_wall, read_since, wall_time
+from healthd.kmsg import read_boot_wall, read_since, wall_time
 from healthd.ladder_host import HealthDaemon
 from medic_core.config import MedicConfig
 from medic_core.settings import EvidenceSettings
@@ -45,7 +45,7 @@ def kernel_log_reader(daemon: HealthDaemon) -> Callable[[dt.datetime | None], st
     def read(fault_at: dt.datetime | None) -> str:
         batch = read_since(daemon.ctx.roots.dev / "kmsg")
         monotonic = time.monotonic()
-        boot = boot_wall(time.time(), monotonic)
+        boot = read_boot_wall(time.monotonic, time.time)
         lines: list[tuple[dt.datetime | None, str]] = []
         for record in batch.records:
             at = wall_time(record.timestamp_us, boot, monotonic)

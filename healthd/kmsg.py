@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,11 +47,33 @@ class KmsgBatch:
     restarted: bool = False  # sequence numbers went backwards: a new log (or a new boot)
 
 
+TIGHT_BRACKET = 50e-6  # seconds: two monotonic reads this close left no room to be preempted
+
+
 def boot_wall(wall: float, monotonic: float) -> float:
     """The wall time (Unix seconds) of the kernel log's zero: CLOCK_REALTIME minus
     CLOCK_MONOTONIC, read back to back (`time.time()`, `time.monotonic()`, or a check's
     clock). Better than /proc/stat's btime, which is whole seconds."""
     return wall - monotonic
+
+
+def read_boot_wall(
+    monotonic: Callable[[], float], wall: Callable[[], float], tries: int = 3
+) -> float:
+    """`boot_wall` from the clocks themselves: the wall time read between two monotonic
+    reads, the tightest bracket of `tries`. A thread preempted between two plain reads (a
+    loaded node: milliseconds) would put every kernel-log time off by as long."""
+    best: tuple[float, float] | None = None
+    for _ in range(tries):
+        before = monotonic()
+        now = wall()
+        after = monotonic()
+        if best is None or after - before < best[0]:
+            best = (after - before, boot_wall(now, (before + after) / 2))
+        if best[0] < TIGHT_BRACKET:
+            break
+    assert best is not None
+    return best[1]
 
 
 def wall_time(timestamp_us: int, boot: float, monotonic_now: float) -> dt.datetime | None:

@@ -8,8 +8,9 @@ CANNOT_KNOW = (
     " and a hang (its last step); NVML events (XIDs by NVML alone, ECC, the GPU checks) and"
     " the other checks carry no time of their own: their detection is unknown, not 0",
     "isolation ends at the job_action record, taken when Slurm's requeue call returned"
-    " (after the drain, before the job is made eligible again); known_at is when the daemon began its answer, a few ms after its check saw"
-    " the fault (a store's earlier fault event is used when there is one)",
+    " (after the drain, before the job is made eligible again); known_at is when the daemon"
+    " began its answer, a few ms after its check saw the fault (a store's earlier fault"
+    " event is used when there is one)",
     "running again is the job's first prolog allowed after the requeue (the first node's),"
     " not the moment every node of the job started",
     "restart and lost work need the checkpoint helper's records (its ledger, or for jobs"

@@ -45,6 +45,21 @@ def test_a_kmsg_timestamp_is_the_wall_time_since_boot() -> None:
     assert kmsg.wall_time(10**30, BOOT, 1e30) is None
 
 
+def test_the_boot_time_is_read_from_the_tightest_bracket_never_a_preempted_read() -> None:
+    """A thread preempted between its monotonic and wall reads (a loaded CI machine: 7 ms)
+    put the report's fault times, and so its lost work, that far off: the wall read kept
+    is the one two monotonic reads bracket most tightly, against their middle."""
+    ticks = iter([100.0, 100.008, 100.010, 100.010002, 100.02, 100.03])
+    walls = iter([BOOT + 100.004, BOOT + 100.010001, BOOT + 100.025])
+    # First try: preempted for 8 ms; second: a 2 us bracket, kept at once.
+    assert kmsg.read_boot_wall(lambda: next(ticks), lambda: next(walls)) == BOOT
+    assert next(ticks) == 100.02  # no third try
+    # Every try preempted: the tightest of them.
+    ticks = iter([0.0, 0.01, 1.0, 1.002, 2.0, 2.005])
+    walls = iter([BOOT + 0.004, BOOT + 1.001, BOOT + 2.001])
+    assert kmsg.read_boot_wall(lambda: next(ticks), lambda: next(walls)) == BOOT
+
+
 def test_an_xid_from_the_kernel_log_carries_its_fault_time() -> None:
     records, _ = kmsg.parse_records(XID_LINE + "\n")
     [xid] = xids_from_records(records)

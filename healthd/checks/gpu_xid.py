@@ -36,7 +36,7 @@ from healthd.checks.base import (
     setting,
 )
 from healthd.checks.gpu_common import gpu_context, gpu_fault, gpu_ok
-from healthd.kmsg import boot_wall, read_since, wall_time
+from healthd.kmsg import read_boot_wall, read_since, wall_time
 from healthd.nvml_types import NvmlClient, NvmlError, pci_key
 from healthd.xid import CATALOG, XidEntry, XidRecord, xids_from_records
 from medic_core.vocabulary import Recommendation
@@ -150,7 +150,7 @@ class GpuXidCheck(Check[GpuXidObservation, GpuXidConfig]):
                     )
         records = gpu.xids.records()
         now = ctx.clock.monotonic()
-        boot = boot_wall(ctx.clock.now().timestamp(), now)
+        boot = read_boot_wall(ctx.clock.monotonic, lambda: ctx.clock.now().timestamp())
         observation = GpuXidObservation(now, records, self._reported, problem, read, boot)
         self._reported = max([self._reported, *(r.seq for r in records)])
         return observation

@@ -33,7 +33,7 @@ from healthd.checks.base import (
     register,
     setting,
 )
-from healthd.kmsg import KmsgBatch, KmsgRecord, boot_wall, read_since, wall_time
+from healthd.kmsg import KmsgBatch, KmsgRecord, read_boot_wall, read_since, wall_time
 
 NAME = "kernel_log"
 RULES_FILE = "kernel_log_rules.json"
@@ -294,7 +294,7 @@ class KernelLogCheck(Check[KernelLogObservation, KernelLogConfig]):
         shipped = tuple(r for r in SHIPPED_RULES if r.name not in cfg.disabled_rules)
         rules = shipped + cfg.site_rules
         now = ctx.clock.monotonic()
-        boot = boot_wall(ctx.clock.now().timestamp(), now)
+        boot = read_boot_wall(ctx.clock.monotonic, lambda: ctx.clock.now().timestamp())
         return KernelLogObservation(batch, rules, first_run, now, boot)
 
     @staticmethod
