@@ -51,6 +51,7 @@ from medic_core.drain_reason import (
 )
 from medic_core.settings import SpareSettings
 from medic_core.slurm import NodeInfo, SlurmError, expand_hostlist
+from medic_core.spare_names import JOB_RESERVATION_PREFIX, job_reservation
 from medic_core.status import Status
 from medic_core.store import Severity, Store
 from medic_core.vocabulary import Finding
@@ -70,7 +71,6 @@ from remediation.sweep.slurm import SweepSlurm, invoking_user
 log = logging.getLogger("medic.spares")
 
 EVENT_KIND = "spare"
-JOB_RESERVATION_PREFIX = "medic-spare-"
 HANDING, HANDED, FAILED, JOINED = "handing", "handed", "failed", "joined"
 # A handed spare's reservation after the hand-over: released (the bound job runs; its
 # allocation holds the spare), given back (the bound job is not in it), and each other job
@@ -99,10 +99,6 @@ def slurm_duration(seconds: int) -> str:
     """HH:MM:SS: Slurm reads a bare number in a reservation's flags as minutes (the lab's
     22.05 shows PURGE_COMP=60 as 01:00:00)."""
     return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def job_reservation(job_id: str) -> str:
-    return f"{JOB_RESERVATION_PREFIX}{job_id}"
 
 
 def parse_reserved_jobs(text: str) -> list[ReservedJob]:

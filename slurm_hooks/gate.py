@@ -25,7 +25,7 @@ from medic_core.status import Status
 from medic_core.vocabulary import Finding, Recommendation, Verdict
 from remediation.actions import observe_only, record_gate, refuse_launch
 from remediation.burn_in_marker import refusal
-from remediation.decide import GateDecision
+from remediation.decide import SPARE_REFUSAL, GateDecision
 from remediation.decide import decide_launch as decide
 from remediation.observe import observed_gate
 from slurm_hooks.job_place import job_place
@@ -70,6 +70,13 @@ def burn_in_refusal(config: MedicConfig) -> Finding | None:
     return Finding(BURN_IN_CONDITION, Status.CRITICAL, BURN_IN, "", message, Recommendation.DRAIN)
 
 
+def spare_refusal(job_id: str, reservation: str) -> Finding:
+    """A job in a handed spare's reservation that is not the run it was handed to, judged
+    without the spare's daemon (which did not answer): refused, as the daemon would."""
+    message = f"{reservation} is handed to another run: job {job_id} refused (no daemon answer)"
+    return Finding("spares", Status.CRITICAL, SPARE_REFUSAL, f"job:{job_id}", message)
+
+
 def exit_now(code: int) -> NoReturn:
     """End the process at once: interpreter shutdown would wait for (or finalise under) the
     threads left behind, an import of SQLAlchemy among them."""
@@ -90,7 +97,11 @@ def gate_slow_path(
     if reply.get("allow") is None:  # no daemon: judge here, and record it ourselves
         unburnt = burn_in_refusal(config)
         skip = settings.skips_launch_checks(**job_place())
-        if unburnt is not None:  # no check can stand in for the deep tier: not even run
+        handed = str(reply.get("spare") or "")  # slurm_hooks.prolog: a foreign spare run
+        if handed:  # fails closed: the daemon that knows the hand-over did not answer
+            found = spare_refusal(job_id, handed)
+            verdict = Verdict(Status.CRITICAL, (found,), "prolog", 0.0, str(reply.get("note", "")))
+        elif unburnt is not None:  # no check can stand in for the deep tier: not even run
             note = str(reply.get("note", ""))
             verdict = Verdict(Status.CRITICAL, (unburnt,), "prolog", 0.0, note)
         elif skip:  # the admin listed the job's partition or account: no check is run

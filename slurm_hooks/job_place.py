@@ -1,4 +1,5 @@
-"""Where the job runs, as slurmd tells its Prolog: the job's partition and account."""
+"""Where the job runs, as slurmd tells its Prolog: the job's partition, account and
+reservation."""
 
 from __future__ import annotations
 
@@ -17,3 +18,9 @@ def job_place() -> dict[str, str]:
         value = os.environ.get(f"SLURM_JOB_{key.upper()}", "")
         place[key] = value if JOB_WORD.fullmatch(value) else ""
     return place
+
+
+def job_reservation_env() -> str:
+    """The reservation the job runs in (SLURM_JOB_RESERVATION, which slurmd sets for the
+    Prolog from the job's credential), or ""."""
+    return os.environ.get("SLURM_JOB_RESERVATION", "")

@@ -69,7 +69,8 @@ def main() -> int:
     started = launch_started(LOADED)
     from medic_core.api import HealthdUnavailable, ask
     from medic_core.config import ConfigError, load_config
-    from slurm_hooks.job_place import job_place
+    from medic_core.spare_names import foreign_spare_run
+    from slurm_hooks.job_place import job_place, job_reservation_env
 
     job_id = os.environ.get("SLURM_JOB_ID", "")
     try:
@@ -83,7 +84,10 @@ def main() -> int:
     deadline = started + settings.launch_budget  # the one deadline, from here on down
     no_reply = os.environ.pop("MEDIC_LAUNCH_NOREPLY", "")
     reply = _reply_from_front()
-    if reply is None and no_reply:
+    # Another job in a handed spare's reservation: only the spare's daemon may let it start
+    # (it knows the hand-over), so it is asked again with all that is left, however busy.
+    handed_elsewhere = foreign_spare_run(job_id, job_reservation_env())
+    if reply is None and no_reply and not handed_elsewhere:
         # The front's question, answered in a millisecond by a working daemon, went
         # unanswered: judge here with all that is left rather than wait for it again.
         reply = {"allow": None, "note": f"medic-healthd: {no_reply}"}
@@ -98,6 +102,8 @@ def main() -> int:
         return 0
     from slurm_hooks.gate import gate_slow_path
 
+    if handed_elsewhere and reply.get("allow") is None:
+        reply = {**reply, "spare": job_reservation_env()}
     try:
         return gate_slow_path(config, settings, job_id, reply, deadline)
     except ConfigError as exc:  # a table only the inline launch tier reads ([healthd], [checks.*])

@@ -116,8 +116,9 @@ def test_ecc_dbe_event_reruns_the_ecc_check_at_once(lab: Lab, store: Store) -> N
     injected = time.monotonic()
     lab.inject("n1", 6, ["ecc.dbe=1"])
     poll("ECC DBE", lambda: "gpu.ecc.dbe" in critical(store, "n1"), timeout=5)
-    # gpu_ecc's own interval is 60 s: only the NVML event can make it this fast.
-    assert time.monotonic() - injected < 2.0
+    # gpu_ecc's own interval is 60 s: only the NVML event makes it this fast. The bound is
+    # half that interval, not a speed (bench/ measures it; a loaded CI run took 2.19 s).
+    assert time.monotonic() - injected < 30.0
     assert critical(store, "n1")["gpu.ecc.dbe"] == "6"
 
 
@@ -141,8 +142,9 @@ def test_a_driver_logged_xid_is_judged_at_once(lab: Lab, store: Store) -> None:
     with (node.host_root / "dev/kmsg").open("a") as kmsg:
         kmsg.write(line)
     poll("XID 48 from the kernel log", lambda: "gpu.xid.48" in critical(store, "n2"), timeout=5)
-    # gpu_xid runs every 30 s: only the kernel log follower explains a fast verdict.
-    assert time.monotonic() - written < 2.0
+    # gpu_xid runs every 30 s: only the kernel log follower explains a verdict in under half
+    # of that (a bound between mechanisms, not a speed: bench/ measures it).
+    assert time.monotonic() - written < 15.0
     assert critical(store, "n2")["gpu.xid.48"] == "4"
 
 

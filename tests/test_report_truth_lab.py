@@ -134,8 +134,11 @@ def test_a_pruning_job_interrupted_twice_is_reported_as_its_log_says(
     [found] = [j for j in report["jobs"] if str(j["job_id"]) == job_id]
     interruptions = found["interruptions"]
     print(json.dumps({"hand_lost": lost, "report_lost": [i["lost_work_s"] for i in interruptions],
+                      "detection": [i["detection_s"] for i in interruptions],
                       "report_ettr": found["ettr"], "wall": found["wall_s"]}))  # fmt: skip
     assert [i["resumed_from_step"] for i in interruptions] == [r["step"] for r in resumes[1:]]
+    # Each fault is dated by its kernel-log line: lost work runs to it, not to Medic's knowing.
+    assert all(i["detection_s"] is not None for i in interruptions), interruptions
     assert [i["lost_work_s"] for i in interruptions] == pytest.approx(lost, rel=0.01)
     # ETTR over the report's wall (its first prolog to its last epilog): what is left after
     # the outages and the lost work of the job's own log.

@@ -21,8 +21,9 @@ import pytest
 from bench.spares import BUSY, SPARE, VICTIM, pool, spares_config, submit
 from cli.lab.cluster import Lab
 from medic_core.settings import SpareSettings
+from medic_core.spare_names import job_reservation
 from medic_core.store import Store, open_store
-from remediation.spares import SparePool, SparesSlurm, job_reservation
+from remediation.spares import SparePool, SparesSlurm
 from tests.conftest import poll
 from tests.test_spares_lab import sbatch_as, spare_events, squeue
 from tests.test_unprivileged_lab import Intruder
