@@ -375,9 +375,12 @@ class SparePool:
             return []
         try:
             handovers, in_pool, refusals = self.open_handovers()
-        except Exception as exc:  # the store down: the next look is a minute away
+        except Exception as exc:  # the store down: a watched spare stays watched (looked at
+            # again next loop, its launches still guarded), any other node a minute away
             log.warning("%s: open hand-overs not read: %s", self.node, exc)
-            handovers, in_pool, refusals = [], False, []
+            if _next_look.get(self.node) != 0.0:
+                _next_look[self.node] = time.monotonic() + IDLE_LOOK_SECONDS
+            return []
         watch = handovers or in_pool or refusals
         _next_look[self.node] = 0.0 if watch else time.monotonic() + IDLE_LOOK_SECONDS
         done = []

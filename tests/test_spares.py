@@ -681,6 +681,32 @@ def test_a_node_in_the_pool_or_handed_is_watched_at_the_busy_pace(store: Store) 
     assert not spare.watching()
 
 
+def test_a_watched_spare_stays_watched_while_the_store_cannot_be_read(store: Store) -> None:
+    """A store read failing once (SQLite busy on a loaded node) must not leave a handed
+    spare unwatched for a minute: its launches would go unguarded."""
+    slurm = handed_lab(store)
+    spare, other = pool(slurm, store, at="n5"), pool(slurm, store, at="n2")
+    spare.tend()
+    other.tend()
+    assert spare.watching() and not other.watching()
+    real = store.events
+
+    def down(*args: object, **kwargs: object) -> object:
+        raise OSError("database is locked")
+
+    store.events = down  # type: ignore[method-assign]
+    assert spare.tend() == [] and spare.watching()
+    assert spare.guard_launch("77") is None  # nothing known: the prolog's own rule stands
+    spares_module._next_look.pop("n2")
+    other.tend()
+    assert not other.watching()  # any other node looks again a minute later, not every loop
+    assert spares_module._next_look["n2"] > 0.0
+    store.events = real  # type: ignore[method-assign]
+    start(slurm, "77")  # the user's other job, in its prolog on the spare
+    refusal = spare.guard_launch("77")  # read again: the other job is refused
+    assert refusal is not None and refusal.fault_class == "spare.handed"
+
+
 def test_no_pool_or_a_node_not_listed_reads_nothing(store: Store) -> None:
     slurm = handed_lab(store)
     start(slurm, "9")
