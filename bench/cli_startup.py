@@ -248,9 +248,26 @@ def paired_ratio(a: list[float], b: list[float]) -> float:
     return round(statistics.median(x / y for x, y in zip(a, b, strict=True)), 3)
 
 
-def measured_commit() -> dict[str, Any]:
-    """The commit of the tree this bench runs from, and whether it had uncommitted changes."""
-    repo = Path(__file__).resolve().parent.parent
+def tree_of(medic: str) -> Path | None:
+    """The source tree a `medic` console script runs: its interpreter (the script's first
+    line) asked where the `cli` package is; None when that cannot be told."""
+    try:
+        first = Path(medic).read_text(errors="replace").splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    if not first.startswith("#!"):
+        return None
+    code = "import cli, pathlib; print(pathlib.Path(cli.__file__).resolve().parent.parent)"
+    found = proc.run([first[2:].strip(), "-c", code], timeout=30)
+    return Path(found.stdout.strip()) if found.returncode == 0 and found.stdout.strip() else None
+
+
+def measured_commit(tree: Path | None) -> dict[str, Any]:
+    """The commit of the tree measured (the `--medic` script's, not the bench's own
+    checkout), and whether it had uncommitted changes; None outside a git checkout."""
+    if tree is None:
+        return {"commit": None}
+    repo = tree
     head = proc.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], timeout=30)
     dirty = proc.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
                      timeout=30)  # fmt: skip
@@ -376,7 +393,12 @@ def measure_with(
     out: dict[str, Any] = {
         "benchmark": "cli_startup",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        **measured_commit(),
+        **measured_commit(tree_of(str(args.medic))),
+        **(
+            {"baseline_commit": measured_commit(tree_of(args.baseline))["commit"]}
+            if args.baseline
+            else {}
+        ),
         "cpus": os.cpu_count(),
         "fleet_nodes": 10_000 if url is not None else 0,
         "backend": url.split(":", 1)[0] if url is not None else None,

@@ -2,7 +2,8 @@
 and store options, aligned tables, errors in three lines (what, why, what to do) and the exit
 codes (0 ok, 1 problem found or refused, 2 usage or configuration error).
 
-`medic nodes` and `medic node ...` live in cli/nodes.py and use the same helpers;
+`medic nodes` lives in cli/nodes.py and `medic node ...` in cli/node_commands.py, with the
+same helpers;
 `medic config` lives in cli/config_cmd.py (re-exported here), which imports none of this.
 """
 
