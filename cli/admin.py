@@ -2,9 +2,9 @@
 and store options, aligned tables, errors in three lines (what, why, what to do) and the exit
 codes (0 ok, 1 problem found or refused, 2 usage or configuration error).
 
-`medic nodes` lives in cli/nodes.py and `medic node ...` in cli/node_commands.py, with the
-same helpers;
-`medic config` lives in cli/config_cmd.py (re-exported here), which imports none of this.
+`medic nodes` lives in cli/nodes.py and `medic node ...` in cli/node_commands.py, both
+with the same helpers; `medic config` lives in cli/config_cmd.py (re-exported here), which
+imports none of this.
 """
 
 from __future__ import annotations
