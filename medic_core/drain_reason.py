@@ -18,7 +18,7 @@ from medic_core.slurm import SlurmClient
 from medic_core.text import sanitised
 
 if TYPE_CHECKING:
-    from medic_core.drain_book import DrainBook
+    from medic_core.drain_book import DrainBook, Ownership
 
 PREFIX = "medic: "
 # slurmctld keeps any length (1000 characters tested on 22.05), but slurmdbd stores a node
@@ -205,15 +205,47 @@ def drain_if_allowed(
     if info is None:
         return DrainOutcome.UNKNOWN_NODE
     if (info.drained or info.down) and info.reason:
-        ours = book.ownership(node, info).recorded if book is not None else None
+        own = book.ownership(node, info) if book is not None else None
+        ours = own.recorded if own is not None else None
         if ours is None:
             ours = is_medic_reason(info.reason)
+        if ours and episode_id is not None and own is not None and own.recorded:
+            take_over(book, node, own, actor, episode_id)
         return DrainOutcome.ALREADY_MEDIC if ours else DrainOutcome.NOT_OURS_KEPT
     # Not out of service, or out of service without a word of why: say why.
     if book is not None:
         book.record_drain(node, as_slurm_stores(reason), actor=actor, episode_id=episode_id)
     client.drain(node, reason)
     return DrainOutcome.WOULD_DRAIN if observing(client) else DrainOutcome.DRAINED
+
+
+def take_over_drain(
+    client: SlurmClient, node: str, book: DrainBook, *, actor: str, episode_id: int
+) -> None:
+    """`take_over` of the drain Slurm shows on `node`, when it is Medic's: for an answer
+    that decided no drain of its own (the node already out, or remediation off) but opened
+    an episode."""
+    info = client.node(node)
+    if info is None or not ((info.drained or info.down) and info.reason):
+        return
+    own = book.ownership(node, info)
+    if own.recorded:
+        take_over(book, node, own, actor, episode_id)
+
+
+def take_over(
+    book: DrainBook | None, node: str, own: Ownership, actor: str, episode_id: int
+) -> None:
+    """A drain of Medic's recorded without an episode (the HealthCheckProgram's backstop,
+    which can drain before the daemon answers the same fault) becomes the drain of the
+    episode this fault opened: recorded again with it, so that it is the episode's (its
+    ladder's or a human's) to give back, never the health check's to resume while the
+    episode is open. A drain a human holds, or one already an episode's, stays as it is."""
+    record = own.record
+    if book is None or record is None or record.episode_id is not None or record.held:
+        return
+    note = f"taken over from {record.actor} by episode {episode_id}"
+    book.record_drain(node, record.reason, actor=actor, episode_id=episode_id, note=note)
 
 
 def observing(client: object) -> bool:

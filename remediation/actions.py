@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any
 from medic_core import proc
 from medic_core.api import HealthdUnavailable, ask
 from medic_core.config import ConfigError, MedicConfig
-from medic_core.drain_reason import DrainOutcome, drain_if_allowed, format_reason
+from medic_core.drain_reason import (
+    DrainOutcome,
+    drain_if_allowed,
+    format_reason,
+    take_over_drain,
+)
 from medic_core.resilient import parse_resilient
 from medic_core.settings import HookSettings, RemediationSettings
 from medic_core.slurm import CliSlurm, JobInfo, SlurmClient, SlurmError, expand_hostlist
@@ -314,11 +319,13 @@ def carry_out(
     """Do what the decision core decided: drain (Medic's reason, never over another's;
     recorded in `book` first, with the episode), requeue, and tell each job's owner why in
     its AdminComment (with the restart ledger)."""
-    drained = (
-        drain_if_allowed(client, node, decision.reason, book, actor="daemon", episode_id=episode_id)
-        if decision.drain
-        else None
-    )
+    drained = None
+    if decision.drain:
+        drained = drain_if_allowed(
+            client, node, decision.reason, book, actor="daemon", episode_id=episode_id
+        )
+    elif episode_id is not None and book is not None:
+        take_over_drain(client, node, book, actor="daemon", episode_id=episode_id)
     actions: list[JobAction] = []
     observed = observer_of(client) is not None  # observe only: the requeues are recorded
     for job in decision.jobs:

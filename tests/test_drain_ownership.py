@@ -24,6 +24,7 @@ from medic_core.drain_reason import (
     as_slurm_stores,
     drain_if_allowed,
     format_reason,
+    take_over_drain,
 )
 from medic_core.slurm import NodeInfo
 from medic_core.store import DRAIN_RECORDED, DRAIN_RESUMED, DrainRecord, Store, open_store
@@ -105,6 +106,49 @@ def test_a_drain_is_recorded_before_slurm_is_asked_and_a_resume_closes_it(store:
     assert record.closed_by == "ladder" and record.closed_at is not None
     [resume] = store.events("n1", kind=DRAIN_RESUMED)
     assert resume.evidence["actor"] == "ladder" and resume.evidence["episode_id"] == 7
+
+
+def test_the_health_checks_drain_becomes_the_episodes_when_the_daemon_answers_the_fault(
+    store: Store,
+) -> None:
+    """slurmd's HealthCheckProgram, run while the daemon was starting, drained the node for a
+    fault (no episode); the daemon's answer to the same fault opens an episode: the drain is
+    the episode's from then on, and the health check no longer resumes it (a CI run saw it
+    resumed while the episode waited for a human)."""
+    fake = MemorySlurm()
+    book = DrainBook.of(store)
+    assert drain_if_allowed(fake, "n1", OURS, book, actor="hook") is DrainOutcome.DRAINED  # type: ignore[arg-type]
+    outcome = drain_if_allowed(fake, "n1", OURS, book, actor="daemon", episode_id=7)  # type: ignore[arg-type]
+    assert outcome is DrainOutcome.ALREADY_MEDIC and fake.calls == ["drain"]
+    record = store.open_drain("n1")
+    assert record is not None and (record.actor, record.episode_id) == ("daemon", 7)
+    assert "taken over from hook by episode 7" in record.note
+    own = book.ownership("n1", fake.info)
+    facts = NodeFacts(True, True, False, fake.info.reason, own.recorded, drain_episode=7)
+    assert decide_resume(facts).refusal is Refusal.HELD  # the episode's or a human's
+    # Already an episode's, or held by a human: left as it is.
+    drain_if_allowed(fake, "n1", OURS, book, actor="daemon", episode_id=8)  # type: ignore[arg-type]
+    again = store.open_drain("n1")
+    assert again is not None and again.episode_id == 7
+    assert len(store.drain_records("n1")) == 2
+
+
+def test_an_answer_that_drains_nothing_still_takes_the_hooks_drain_for_its_episode(
+    store: Store,
+) -> None:
+    """Remediation off (or the node already out): the answer decides no drain, but the
+    episode it opens takes over Medic's drain without one; an admin's drain never."""
+    fake = MemorySlurm()
+    book = DrainBook.of(store)
+    drain_if_allowed(fake, "n1", OURS, book, actor="hook")  # type: ignore[arg-type]
+    take_over_drain(fake, "n1", book, actor="daemon", episode_id=3)  # type: ignore[arg-type]
+    record = store.open_drain("n1")
+    assert record is not None and record.episode_id == 3 and fake.calls == ["drain"]
+    admins = MemorySlurm(drained("bios"))
+    take_over_drain(admins, "n1", DrainBook.of(store), actor="daemon", episode_id=4)  # type: ignore[arg-type]
+    mine = store.open_drain("n1")
+    assert mine is not None and mine.episode_id == 3  # the admin's drain: no record made
+    assert admins.calls == []
 
 
 @pytest.mark.parametrize("typed", ADMIN_TEXTS)

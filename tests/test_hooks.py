@@ -161,9 +161,20 @@ def test_healthcheck_resumes_what_medic_drained_once_clean(
     config = tmp_path / "medic.toml"
     text = lab.layout.medic_conf.read_text()
     config.write_text(text.replace("[remediation]\n", "[remediation]\nenabled = false\n", 1))
+    # slurmd's HealthCheckProgram may run before the daemon answers the fault (a CI run: it
+    # ran while the daemon started) and drain the node itself, with no episode: the
+    # daemon's answer takes that drain over for the episode it opens (medic_core.drain_reason
+    # take_over). That order made here, not left to slurmd's timer.
     lab.inject("n4", 2, ["nvlink.1=down"])
+    result = run_hook(lab, "medic-healthcheck", "n4")
+    assert drained_by_medic(lab, "n4"), result.stdout + result.stderr
     lab.start_healthd("n4", config=config)
-    poll("n4 drained", lambda: drained_by_medic(lab, "n4"), timeout=10)
+
+    def taken_over() -> bool:
+        record = store.open_drain("n4")
+        return record is not None and record.episode_id is not None
+
+    poll("the drain taken over by the daemon's episode", taken_over, timeout=10)
     result = run_hook(lab, "medic-healthcheck", "n4")
     assert result.returncode == 0, result.stderr
     assert drained_by_medic(lab, "n4"), "resumed while the NVLink is still down"
