@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from cli.admin import (
+from cli.common import (
     EXIT_USAGE,
     AdminError,
     config_option,
@@ -21,18 +21,6 @@ from cli.admin import (
     echo_table,
     store_option,
 )
-from cli.report_gather import measured
-from cli.report_json import REPORT_FORMAT, plain, report_text
-from cli.report_tables import duration, every, pct, print_report
-from cli.report_whatif import (
-    MEASURED,
-    measured_mttr,
-    measured_rate,
-    parse_hours,
-    parse_rate,
-    parse_reloads,
-)
-from remediation import whatif as wi
 
 
 @click.group("report", invoke_without_command=True)
@@ -94,7 +82,11 @@ def report(
     """Where resilient jobs' time went (MTTR by component, ETTR) and the fleet's reliability."""
     if ctx.invoked_subcommand is not None:
         return
-    from cli.report_observed import print_sections, would_in  # (not for --help: ~0.1 s)
+    # Imported here, not for `--help` or `what-if` (the store, the report's model: ~0.15 s).
+    from cli.report_gather import measured
+    from cli.report_json import report_text
+    from cli.report_observed import print_sections, would_in
+    from cli.report_tables import print_report
 
     result = measured(ctx.params)
     would = would_in(ctx.params, result.since, result.until)  # observe-only mode's decisions
@@ -194,6 +186,18 @@ def what_if(
 ) -> None:
     """Expected interruptions, lost days and cost of a training run, for each --mttr (and
     each reload tier mix, with --reload)."""
+    from cli.report_json import REPORT_FORMAT, plain
+    from cli.report_tables import duration, every, pct
+    from cli.report_whatif import (
+        MEASURED,
+        measured_mttr,
+        measured_rate,
+        parse_hours,
+        parse_rate,
+        parse_reloads,
+    )
+    from remediation import whatif as wi
+
     reloads = parse_reloads(reload_texts, local_share)
     if (gpu_hours is None) == (days is None):
         raise AdminError(
@@ -201,6 +205,8 @@ def what_if(
         )
     found = None
     if rate_text == MEASURED or MEASURED in mttr_texts:
+        from cli.report_gather import measured  # the store: only for 'measured'
+
         parent = click.get_current_context().parent
         assert parent is not None
         found = measured(parent.params)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from cli.admin import echo_table, when
+from cli.common import echo_table, when
 from remediation import report as rp
 
 duration = rp.format_duration  # one format for the tables and the HTML page

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from cli.admin import EXIT_USAGE, AdminError
+from cli.common import EXIT_USAGE, AdminError
 from remediation import report as rp
 from remediation import whatif as wi
 

@@ -174,6 +174,28 @@ def test_listings_import_neither_sqlalchemy_nor_the_store_proper(
     assert heavy(loaded) == []
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["report", "--help"],
+        ["report", "what-if", "--help"],
+        ["report", "what-if", "--nodes", "64", "--failure-rate", "0.0005", "--mttr", "40m",
+         "--days", "10"],
+    ],
+)  # fmt: skip
+def test_report_help_and_what_if_import_neither_the_store_nor_the_reports_model(
+    args: list[str],
+) -> None:
+    """Pure arithmetic and help text (issue 27): no SQLAlchemy, no cli.admin, and of the
+    report's model only what-if's durations, not its builder (remediation.report loads its
+    names on first use)."""
+    out, loaded = modules_loaded(args)
+    assert out
+    assert heavy(loaded) == []
+    assert not [m for m in loaded if m.startswith("remediation.report.") and m != (
+        "remediation.report.durations")], loaded  # fmt: skip
+
+
 def now() -> datetime:
     return datetime.now(UTC)
 
