@@ -269,6 +269,12 @@ class DrainBook:
         if self._store is not None:
             try:
                 with self._store() as store:
+                    # What the journal holds of this node's drains first (kept while the
+                    # store was down): a hold or resume must find the record it applies to.
+                    for earlier in self._journal(node)[0]:
+                        if earlier.path != entry:
+                            store.add_event(**earlier.store_fields())
+                            journal.delivered(earlier.path)
                     store.add_event(node, **event)
             except Exception as exc:
                 log.warning("%s: %s not stored: %s", node, kind, _line(exc))

@@ -232,6 +232,26 @@ def test_with_the_store_down_the_journal_keeps_the_record_and_it_is_replayed(
     assert give_back(fake, up, "n1", actor="hook").resumed  # type: ignore[arg-type]
 
 
+def test_a_hold_made_before_the_journal_is_replayed_holds_the_journaled_drain(
+    store: Store, tmp_path: Path
+) -> None:
+    """A drain journaled while the store was down, then held by a human once the store is
+    back but before any replay: the hold applies to that drain (the book delivers the
+    node's journaled drains first), so no automatic resume gives it back (found by the
+    drain-ownership model in a CI run: the hold went to the store, the record stayed in the
+    journal, and the ladder resumed a drain kept for a human)."""
+    where = paths(tmp_path)
+    fake = MemorySlurm()
+    drain_if_allowed(fake, "n1", OURS, DrainBook(DownStore(), where), actor="daemon")  # type: ignore[arg-type]
+    up = DrainBook.of(store, where)
+    assert up.hold("n1", fake.info.reason, actor="cli:alice", note="closed") == "store"
+    assert journal.pending(where) == []
+    record = store.open_drain("n1")
+    assert record is not None and record.held == "cli:alice: closed"
+    assert not give_back(fake, up, "n1", actor="ladder").resumed  # type: ignore[arg-type]
+    assert give_back(fake, up, "n1", actor="cli:alice(uid 1000)", human=True).resumed  # type: ignore[arg-type]
+
+
 def test_a_resume_while_the_store_is_down_is_journaled_and_closes_the_record_on_replay(
     store: Store, tmp_path: Path
 ) -> None:

@@ -22,7 +22,7 @@ from medic_core.config import NodePaths
 from medic_core.drain_book import DrainBook
 from medic_core.drain_reason import DrainOutcome, as_slurm_stores, drain_if_allowed, format_reason
 from medic_core.slurm import NodeInfo
-from medic_core.store import DRAIN_RESUMED, Store, open_store
+from medic_core.store import DRAIN_RESUMED, DrainRecord, Store, open_store
 from remediation.give_back import give_back
 
 NODE = "n1"
@@ -98,6 +98,12 @@ class DrainOwnership(RuleBasedStateMachine):
             assert outcome is DrainOutcome.DRAINED
             self.owner = "medic" if self.store_up or self.journal_up else "medic-unrecorded"
             self.episode, self.held = episode, False
+            stale = self.stale_record()
+            if self.owner == "medic-unrecorded" and stale is not None:
+                # docs/remediation.md's limit: a record a resume outside Medic left open
+                # holds a later drain with exactly its reason (here Medic's own, made while
+                # store and journal were both down): taken for that record's.
+                self.owner, self.episode, self.held = "medic", stale.episode_id, bool(stale.held)
         else:
             assert outcome is not DrainOutcome.DRAINED, f"drew over {before}'s drain"
 
@@ -199,6 +205,13 @@ class DrainOwnership(RuleBasedStateMachine):
             )
         assert self.resume_recorded(actor), f"no resume event names {actor}"
         self.owner, self.episode, self.held = None, None, False
+
+    def stale_record(self) -> DrainRecord | None:
+        """The open record, read with store and journal both up, that matches the drain
+        Slurm shows now (None: none does)."""
+        book = DrainBook(lambda: nullcontext(self.store), self.paths)
+        own = book.ownership(NODE, self.slurm.info)
+        return own.record if own.recorded else None
 
     def resume_recorded(self, actor: str) -> bool:
         if self.store_up:
