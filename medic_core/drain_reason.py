@@ -9,6 +9,7 @@ someone else: Medic never overwrites it and never resumes such a node (LBNL NHC'
 
 from __future__ import annotations
 
+import logging
 import unicodedata
 from dataclasses import dataclass
 from enum import StrEnum
@@ -19,6 +20,9 @@ from medic_core.text import sanitised
 
 if TYPE_CHECKING:
     from medic_core.drain_book import DrainBook, Ownership
+
+log = logging.getLogger("medic.drains")
+HOOK_ACTOR = "hook"  # medic_core.drain_book.HOOK, spelt out: that module is not imported here
 
 PREFIX = "medic: "
 # slurmctld keeps any length (1000 characters tested on 22.05), but slurmdbd stores a node
@@ -224,25 +228,32 @@ def take_over_drain(
 ) -> None:
     """`take_over` of the drain Slurm shows on `node`, when it is Medic's: for an answer
     that decided no drain of its own (the node already out, or remediation off) but opened
-    an episode."""
-    info = client.node(node)
-    if info is None or not ((info.drained or info.down) and info.reason):
-        return
-    own = book.ownership(node, info)
-    if own.recorded:
-        take_over(book, node, own, actor, episode_id)
+    an episode. Never raises: Slurm or the store unreachable, the drain stays as it is (the
+    answer, which records what Medic did, must go on)."""
+    try:
+        info = client.node(node)
+        if info is None or not ((info.drained or info.down) and info.reason):
+            return
+        own = book.ownership(node, info)
+        if own.recorded:
+            take_over(book, node, own, actor, episode_id)
+    except Exception as exc:
+        log.warning("%s: the drain not taken over by episode %s: %s", node, episode_id, exc)
 
 
 def take_over(
     book: DrainBook | None, node: str, own: Ownership, actor: str, episode_id: int
 ) -> None:
-    """A drain of Medic's recorded without an episode (the HealthCheckProgram's backstop,
+    """A drain the hooks recorded without an episode (the HealthCheckProgram's backstop,
     which can drain before the daemon answers the same fault) becomes the drain of the
     episode this fault opened: recorded again with it, so that it is the episode's (its
     ladder's or a human's) to give back, never the health check's to resume while the
-    episode is open. A drain a human holds, or one already an episode's, stays as it is."""
+    episode is open. A drain a human holds, one already an episode's, or another actor's
+    (burn-in, spares, post-job hygiene: each gives back its own) stays as it is."""
     record = own.record
     if book is None or record is None or record.episode_id is not None or record.held:
+        return
+    if record.actor != HOOK_ACTOR:  # burn-in's, spares', hygiene's drains have their own ends
         return
     note = f"taken over from {record.actor} by episode {episode_id}"
     book.record_drain(node, record.reason, actor=actor, episode_id=episode_id, note=note)

@@ -18,8 +18,9 @@ from cli.episode import episode
 from cli.node_commands import node
 from medic_core import journal
 from medic_core.config import NodePaths
-from medic_core.drain_book import DrainBook, Holding, judge, operator
+from medic_core.drain_book import HOOK, DrainBook, Holding, judge, operator
 from medic_core.drain_reason import (
+    HOOK_ACTOR,
     DrainOutcome,
     as_slurm_stores,
     drain_if_allowed,
@@ -144,10 +145,22 @@ def test_an_answer_that_drains_nothing_still_takes_the_hooks_drain_for_its_episo
     take_over_drain(fake, "n1", book, actor="daemon", episode_id=3)  # type: ignore[arg-type]
     record = store.open_drain("n1")
     assert record is not None and record.episode_id == 3 and fake.calls == ["drain"]
+    # Another actor's drain without an episode (burn-in's, spares', hygiene's): its own.
+    fake.resume("n1")
+    book.record_resume("n1", OURS, actor="daemon")
+    drain_if_allowed(fake, "n1", OURS, book, actor="burn-in")  # type: ignore[arg-type]
+    take_over_drain(fake, "n1", book, actor="daemon", episode_id=5)  # type: ignore[arg-type]
+    burnt = store.open_drain("n1")
+    assert burnt is not None and (burnt.actor, burnt.episode_id) == ("burn-in", None)
+    # Slurm down: nothing taken over, nothing raised (the answer goes on).
+    down = FakeSlurm(["n1"])
+    down.unreachable = True
+    take_over_drain(down, "n1", book, actor="daemon", episode_id=5)  # type: ignore[arg-type]
+    assert HOOK_ACTOR == HOOK
     admins = MemorySlurm(drained("bios"))
     take_over_drain(admins, "n1", DrainBook.of(store), actor="daemon", episode_id=4)  # type: ignore[arg-type]
     mine = store.open_drain("n1")
-    assert mine is not None and mine.episode_id == 3  # the admin's drain: no record made
+    assert mine is not None and mine.episode_id is None  # the admin's drain: no record made
     assert admins.calls == []
 
 
