@@ -171,9 +171,17 @@ def main(argv: list[str] | None = None) -> int:
             n.name == victim and n.is_idle for n in lab.nodes()
         ):
             time.sleep(0.1)
+        # The ladder records "repaired and re-qualified" once Slurm's resume returned: the
+        # node can show idle a moment before the node's store has it (a loaded CI run).
+        node_show = [medic, "node", "show", victim]
+        while time.monotonic() < deadline:
+            shown = proc.run(node_show, timeout=60, env=lab.process_env(victim))
+            if "re-qualified" in shown.stdout:
+                break
+            time.sleep(0.2)
         show(
             lab,
-            [medic, "node", "show", victim],
+            node_show,
             f"meanwhile the ladder repaired {victim} by itself (XID 79: NVIDIA says reboot):"
             " a reboot through Slurm, re-qualified, resumed",
             node=victim,  # on the node: with a store per node, the one that knows
