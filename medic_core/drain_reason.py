@@ -213,7 +213,7 @@ def drain_if_allowed(
         ours = own.recorded if own is not None else None
         if ours is None:
             ours = is_medic_reason(info.reason)
-        if ours and episode_id is not None and own is not None and own.recorded:
+        if episode_id is not None and own is not None and own.recorded:
             take_over(book, node, own, actor, episode_id)
         return DrainOutcome.ALREADY_MEDIC if ours else DrainOutcome.NOT_OURS_KEPT
     # Not out of service, or out of service without a word of why: say why.

@@ -216,12 +216,12 @@ def test_a_daemons_answer_stands_the_pass_file_is_only_for_its_absence(
 # --- the compiled front and the Python prolog, as processes, with no daemon ----------------
 
 
-def test_the_front_hands_over_and_the_python_prolog_refuses_a_node_never_burnt_in(
-    tmp_path: Path,
-) -> None:
+def front_without_daemon(tmp_path: Path, new_node: str) -> tuple[Path, dict[str, str]]:
+    """The compiled front (handing over to this venv's medic-prolog) and the environment
+    slurmd gives it, on a node with no daemon and no Slurm; `new_node`: burn-in's list."""
     prolog = Path(sys.executable).parent / "medic-prolog"
     front = build_hook(tmp_path / "bin", prolog=prolog)
-    config = plain_config(tmp_path, '[remediation.burn_in]\nnew_node = ["deep_dcgm"]\n')
+    config = plain_config(tmp_path, f"[remediation.burn_in]\nnew_node = {new_node}\n")
     env = {
         "MEDIC_CONFIG": str(config),
         "SLURMD_NODENAME": NODE,
@@ -229,6 +229,13 @@ def test_the_front_hands_over_and_the_python_prolog_refuses_a_node_never_burnt_i
         "MEDIC_SOCKET": str(tmp_path / "healthd.sock"),  # no daemon
         "PATH": "/usr/bin:/bin",
     }
+    return front, env
+
+
+def test_the_front_hands_over_and_the_python_prolog_refuses_a_node_never_burnt_in(
+    tmp_path: Path,
+) -> None:
+    front, env = front_without_daemon(tmp_path, '["deep_dcgm"]')
     refused = proc.run([str(front)], env=env, timeout=60)
     assert refused.returncode == 1, refused.stderr
     assert "burn-in" in refused.stderr and "not passed" in refused.stderr

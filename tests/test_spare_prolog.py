@@ -5,7 +5,6 @@ start there: the front gave up on it and the Python prolog judged the node alone
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,11 @@ from medic_core.settings import HookSettings
 from medic_core.spare_names import foreign_spare_run, job_reservation
 from remediation.decide import SPARE_REFUSAL, GateDecision
 from slurm_hooks import gate
-from slurm_hooks.native.build import build_hook
-from tests.test_burn_in_gate import NODE, config_with, slow_path  # noqa: F401  (the fixture)
-from tests.test_daemon import plain_config
+from tests.test_burn_in_gate import (  # noqa: F401  (slow_path: the fixture)
+    config_with,
+    front_without_daemon,
+    slow_path,
+)
 
 job_ids = st.from_regex(r"[0-9]{1,9}(_[0-9]{1,4})?", fullmatch=True)
 
@@ -52,16 +53,7 @@ def test_without_a_daemons_answer_a_foreign_spare_run_is_refused_without_checks(
 def test_the_front_and_the_python_prolog_refuse_another_jobs_spare_with_no_daemon(
     tmp_path: Path,
 ) -> None:
-    prolog = Path(sys.executable).parent / "medic-prolog"
-    front = build_hook(tmp_path / "bin", prolog=prolog)
-    config = plain_config(tmp_path, "[remediation.burn_in]\nnew_node = []\n")
-    env = {
-        "MEDIC_CONFIG": str(config),
-        "SLURMD_NODENAME": NODE,
-        "SLURM_JOB_ID": "",  # no releaser: there is no Slurm here
-        "MEDIC_SOCKET": str(tmp_path / "healthd.sock"),  # no daemon
-        "PATH": "/usr/bin:/bin",
-    }
+    front, env = front_without_daemon(tmp_path, "[]")
     refused = proc.run(
         [str(front)], env=env | {"SLURM_JOB_RESERVATION": job_reservation("7")}, timeout=60
     )
