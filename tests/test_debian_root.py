@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess  # noqa: TID251  (Popen: a process that stays in the root while it is released)
+import sys
 import time
 from pathlib import Path
 
@@ -214,3 +217,38 @@ def test_a_wrapper_run_on_the_host_enters_the_root_in_the_callers_directory(
     at.mkdir(parents=True)
     inside = proc.run([str(script)], timeout=10, env=env, cwd=tmp_path / "work")
     assert inside.stdout == f"--root={root.path} --wd={tmp_path / 'work'} /usr/bin/scontrol\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts and chroot need root")
+def test_the_last_lab_out_stops_what_still_runs_in_the_root_then_unmounts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process slurmd started as it was stopped (a health check, a prolog) kept the root's
+    /tmp busy, and `medic lab down` failed with "target is busy" (CI, Slurm 24.11)."""
+    monkeypatch.setenv("MEDIC_LAB_CACHE", str(tmp_path / "cache"))
+    root = DebianRoot.for_release("24.11")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    inside = root.path / "tmp"
+    inside.mkdir(parents=True)
+    proc.run(["mount", "--bind", str(shared), str(inside)], timeout=10, check=True)
+    stray = subprocess.Popen(
+        [sys.executable, "-c", "import os, time; os.chroot(os.sys.argv[1]); os.chdir('/tmp');"
+         " print('in', flush=True); time.sleep(600)", str(root.path)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert stray.stdout is not None and stray.stdout.readline() == "in\n"
+        assert root.processes_inside() == [stray.pid]
+        assert not proc.run(["umount", str(inside)], timeout=10).ok  # busy, as in CI
+        lab_root = tmp_path / "lab"
+        lab_root.mkdir()
+        root.users_file.parent.mkdir(parents=True, exist_ok=True)
+        root.users_file.write_text(f"{time.time():.0f} {lab_root}\n")
+        root.release_use(lab_root)
+        assert stray.wait(timeout=30) == -signal.SIGTERM
+        assert root.mounts_left() == []
+    finally:
+        stray.kill()
+        stray.wait()
+        proc.run(["umount", "-R", str(inside)], timeout=10)

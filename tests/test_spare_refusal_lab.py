@@ -6,8 +6,8 @@ resilient job held (as a job Medic just requeued is, until its releaser makes it
 and handed n5 through `SparePool.hand_over` as n1's daemon would. The user's second job
 naming the spare's reservation is given n5 first: its prolog is refused, so Slurm never
 starts its script; the drain that refusal leaves is Medic's and is lifted once Slurm has
-requeued the job; the bound run, released, then runs on n5. tests/test_spares_lab.py runs
-the whole story from an XID."""
+requeued the job; the bound run, released, then runs on n5 and holds it.
+tests/test_spares_lab.py runs the whole story from an XID."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_the_users_other_job_is_refused_in_its_prolog_and_never_runs_on_the_spar
     poll("n1-n4 busy", lambda: {n.name for n in lab.nodes() if n.state == "ALLOCATED"} >= busy,
          timeout=30)  # fmt: skip
     bound = sbatch_as(intruder, lab, home, "--hold", "--exclusive", "-N1", "--wrap",
-                      f'echo "$SLURMD_NODENAME" > {home}/bound')  # fmt: skip
+                      f'echo "$SLURMD_NODENAME" > {home}/bound; sleep 600')  # fmt: skip
     assert bound.returncode == 0, bound.stderr
     job_id = bound.stdout.strip().split(";")[0]
     slurm = SparesSlurm(env=lab.env(), timeout=30)
@@ -103,7 +103,12 @@ def test_the_users_other_job_is_refused_in_its_prolog_and_never_runs_on_the_spar
     said = [f"{e.id} {e.node} {e.kind} {e.message[:160]}" for e in store.events()]
     assert gates and not any(g.evidence["allow"] for g in gates), "\n".join(said)
 
+    # The bound run keeps the spare (it sleeps): once it ends the spare is free and the
+    # other job, cleared of the reservation, may rightly run there (it did in CI).
     lab.slurm(["scontrol", "release", job_id])
     poll("the bound run on the spare", lambda: (home / "bound").exists(), timeout=30)
     assert (home / "bound").read_text().strip() == SPARE
     assert not (home / "other").exists(), "the other job's script ran on the spare"
+    assert not squeue(lab, other_id).startswith(("RUNNING", "CONFIGURING"))
+    gates = [e for e in store.events(SPARE, kind="gate") if e.target == f"job:{other_id}"]
+    assert not any(g.evidence["allow"] for g in gates), gates

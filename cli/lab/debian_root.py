@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import time
 import tomllib
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ DEBOOTSTRAP_TIMEOUT = 900.0
 APT_TIMEOUT = 900.0
 PIP_TIMEOUT = 600.0
 MOUNT_TIMEOUT = 30.0
+STRAY_GRACE = 5.0  # seconds a stray in a released root has between SIGTERM and SIGKILL
 SETUP_GRACE = 300.0  # seconds a lab may take from taking the root to starting its munged
 
 
@@ -281,12 +283,40 @@ class DebianRoot:
             users.pop(str(lab_root), None)
             self._write_users(users)
             if not users:
+                # With no lab left, whatever still runs in the root is a stray (a health
+                # check or prolog slurmd started as it was stopped) and would keep a mount busy.
+                self._stop_strays()
                 self._unmount_all()
 
     def _own_mount(self, lab_root: Path) -> Path | None:
         if any(lab_root.is_relative_to(d) for d in (*SHARED_DIRS, REPO)):
             return None
         return self.path / str(lab_root).lstrip("/")
+
+    def processes_inside(self) -> list[int]:
+        """Processes whose root is this root (readlink /proc/PID/root)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "root") == str(self.path):
+                    found.append(int(entry.name))
+        return found
+
+    def _stop_strays(self) -> None:
+        """SIGTERM what runs in the root, SIGKILL what is left after STRAY_GRACE; a process
+        gone, or only a zombie (it holds no mount), counts as stopped."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            left = self.processes_inside()
+            if not left:
+                return
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + STRAY_GRACE
+            while self.processes_inside() and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def _unmount_all(self) -> None:
         """Every mount inside the root, a crashed lab's own included; deepest first."""
