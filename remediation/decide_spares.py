@@ -138,6 +138,19 @@ def decide_spare_tending(
     return SpareTending(requeue, (*unbind, bound), True, why + refused, refuse)
 
 
+def decide_unseen_launch(bound_runs: Collection[str], launching: str) -> SpareTending | None:
+    """A handed spare whose reservation Slurm did not show while `launching` was in its
+    prolog: the job is refused unless it is a run the spare is handed to. Fails closed, as
+    the prolog does when the daemon does not answer: only the reservation's own jobs can
+    start on a handed spare, and the bound run is allowed, so what is refused is the user's
+    other job, or at worst a job the spare was free for again since (requeued by its
+    prolog's failure, not lost). None: nothing to refuse."""
+    if not launching or launching in bound_runs:
+        return None
+    why = f"its reservation not read: job {launching} refused unseen"
+    return SpareTending((), (), False, why, refuse=launching)
+
+
 def decide_refusal_lift(
     refused_states: Sequence[tuple[str, tuple[str, ...]]], spare: str, reason_matches: bool
 ) -> str:

@@ -63,6 +63,7 @@ from remediation.decide_spares import (
     decide_refusal_lift,
     decide_spare,
     decide_spare_tending,
+    decide_unseen_launch,
     spare_key,
 )
 from remediation.give_back import give_back
@@ -385,11 +386,17 @@ class SparePool:
         _next_look[self.node] = 0.0 if watch else time.monotonic() + IDLE_LOOK_SECONDS
         done = []
         refused = {str(r.get("refused") or "") for r in refusals}  # Slurm requeues those
+        unread = []
         for handover in handovers:
             try:
                 done.append(self._tend_one(handover, launching, refused))
             except SlurmError as exc:
                 log.warning("%s: tending %s failed: %s", self.node, handover.reservation, exc)
+                unread.append(handover)
+        unseen = decide_unseen_launch({h.job_id for h in handovers}, launching) if unread else None
+        if unseen is not None and not any(d.refuse for d in done):
+            self._refuse_in_prolog(unread[0], unseen.refuse)
+            done.append(unseen)
         if refusals and not any(d.refuse for d in done):
             try:
                 self._lift_refusal(refusals)
@@ -403,10 +410,14 @@ class SparePool:
         admin's or another episode's, is kept as it is and never lifted by a refusal)."""
         reason = format_reason(REFUSAL_FAULT, f"job:{h.job_id}", f"refused job {job_id}")
         book = DrainBook.of(self.store)
-        outcome = drain_if_allowed(self.slurm, self.node, reason, book, actor=SPARES)
+        try:
+            outcome = drain_if_allowed(self.slurm, self.node, reason, book, actor=SPARES)
+            said = outcome.value
+        except SlurmError as exc:  # the refusal stands: the prolog fails all the same
+            outcome, said = None, f"not drained: {str(exc).strip().splitlines()[0][:200]}"
         drained = outcome is DrainOutcome.DRAINED
         self._event(h.spare, Severity.WARN, f"job {job_id} refused in its prolog on spare"
-                    f" {h.spare}, handed to job {h.job_id} ({outcome.value})",
+                    f" {h.spare}, handed to job {h.job_id} ({said})",
                     action=REFUSED_JOB, job_id=h.job_id, spare=h.spare,
                     reservation=h.reservation, by=self.node, actor=ACTOR, refused=job_id,
                     drained=drained, reason=as_slurm_stores(reason))  # fmt: skip

@@ -20,7 +20,12 @@ from medic_core.slurm import JobInfo
 from medic_core.store import Store
 from medic_core.vocabulary import Finding
 from remediation import spares as spares_module
-from remediation.decide_spares import ReservedJob, decide_refusal_lift, decide_spare_tending
+from remediation.decide_spares import (
+    ReservedJob,
+    decide_refusal_lift,
+    decide_spare_tending,
+    decide_unseen_launch,
+)
 from remediation.spares import REFUSAL_FAULT, REFUSAL_LIFTED, REFUSED_JOB, SparePool
 from tests.test_gate_recorder import GatedStore, make_gate
 from tests.test_gate_recorder import paths as paths
@@ -233,3 +238,43 @@ def test_a_job_started_on_the_spare_is_left_to_its_prologs_gate_for_the_prologs_
     slurm.in_res[RES]["10"] = rj("10", "RUNNING", ("n5",))  # its gate never asked us
     late.tend()
     assert slurm.called("requeue") == [("requeue", "10")]
+
+
+def test_a_launch_on_a_spare_whose_reservation_slurm_does_not_show_fails_closed(
+    store: Store,
+) -> None:
+    """Slurm unreachable while the user's other job is in its prolog on the handed spare: it
+    is refused unseen (it started open: the gate allowed it), the bound run is not."""
+    slurm = intruder_in_its_prolog(store)
+    slurm.fail("reservation_exists", times=None)
+    spares = pool(slurm, store, at="n5")
+    assert spares.guard_launch(BOUND) is None
+    finding = spares.guard_launch(INTRUDER)
+    assert finding is not None and finding.fault_class == REFUSAL_FAULT
+    assert drained(slurm)  # the drain is Medic's, lifted as any refusal's
+    [refused] = [e for e in store.events(kind="spare") if e.evidence["action"] == REFUSED_JOB]
+    assert (refused.evidence["refused"], refused.evidence["drained"]) == (INTRUDER, True)
+
+
+def test_the_refusal_stands_when_slurm_refuses_its_drain(store: Store) -> None:
+    slurm = intruder_in_its_prolog(store)
+    slurm.fail("drain", times=None)
+    finding = pool(slurm, store, at="n5").guard_launch(INTRUDER)
+    assert finding is not None  # it raised out of the tending before: the job started
+    [refused] = [e for e in store.events(kind="spare") if e.evidence["action"] == REFUSED_JOB]
+    assert refused.evidence["drained"] is False and "not drained" in refused.message
+
+
+@given(st.frozensets(st.sampled_from([BOUND, "5", "6"])), st.sampled_from(["", BOUND, "5", "77"]))
+def test_an_unseen_launch_is_refused_unless_it_is_a_bound_run(
+    bound_runs: frozenset[str], launching: str
+) -> None:
+    got = decide_unseen_launch(bound_runs, launching)
+    refuse = bool(launching) and launching not in bound_runs
+    assert (got is not None) == refuse
+    assert got is None or (got.refuse, got.requeue, got.unbind, got.delete) == (
+        launching,
+        (),
+        (),
+        False,
+    )

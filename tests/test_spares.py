@@ -164,9 +164,11 @@ class SpareSlurm(FakeSlurm):
         self.in_res.setdefault(reservation, {})[job_id] = ReservedJob(job_id, "PENDING", ())
 
     def reservation_exists(self, name: str) -> bool:
+        self.read("reservation_exists", name)
         return name in self.held
 
     def reservation_jobs(self, name: str) -> list[ReservedJob]:
+        self.read("reservation_jobs", name)
         return list(self.in_res.get(name, {}).values())
 
     def unbind(self, job_id: str) -> None:
