@@ -164,6 +164,18 @@ def nodes_of(lab: Lab, job_id: str, run: int) -> list[str]:
     return expand_hostlist(str(squeue(lab, job_id)["nodes"]))
 
 
+def occupy(lab: Lab, env: dict[str, str], nodes: list[str]) -> str:
+    """A job holding `nodes` (running once this returns); its id."""
+    out = proc.run(
+        ["sbatch", "--parsable", f"-N{len(nodes)}", "--exclusive", f"--nodelist={','.join(nodes)}",
+         "--job-name=occupy", "--output=/dev/null", "--wrap", "sleep 3600"],
+        timeout=15, env=env, check=True,
+    )  # fmt: skip
+    job_id = out.stdout.strip().split(";")[0]
+    wait_for(f"{nodes} occupied", lambda: squeue(lab, job_id)["job_state"] == "RUNNING", 120, 0.1)
+    return job_id
+
+
 @pytest.mark.timeout(1500)
 def test_a_two_node_job_resumes_from_local_after_xid_13_and_durable_after_xid_79(
     lab: Lab, tmp_path: Path, local_base: Path
@@ -187,13 +199,16 @@ def test_a_two_node_job_resumes_from_local_after_xid_13_and_durable_after_xid_79
     first_nodes = nodes_of(lab, job_id, 0)
 
     # XID 13: the application's fault. Requeued, nodes kept: back on the same nodes, where
-    # both ranks find their last step in tmpfs.
+    # both ranks find their last step in tmpfs. Where Slurm places the requeued job is
+    # Slurm's: the other nodes are kept busy meanwhile, so that it can only be there.
+    blocker = occupy(lab, env, [n for n in lab.node_names() if n not in first_nodes])
     last = stop_and_wait(work, 0)
     lab.inject(first_nodes[0], 0, ["xid=13"])
     wait_for("run 1 resumed", lambda: len(of(work, "resumed", 1)) == 2, 300, 0.1)
     resumed = of(work, "resumed", 1)
     assert nodes_of(lab, job_id, 1) == first_nodes, "Slurm placed the requeued job elsewhere"
     assert {(e["step"], e["tier"]) for e in resumed} == {(last, "local")}, resumed
+    lab.slurm(["scancel", blocker])
 
     # XID 79 on one node: the node is drained and repaired; the job runs on without it, and
     # the rank that ran there finds no node-local copy: it resumes from durable.
