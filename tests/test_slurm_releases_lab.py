@@ -65,10 +65,13 @@ def test_the_lab_runs_the_release_asked_for(lab: Lab) -> None:
 def test_a_resilient_job_is_requeued_off_an_xid_and_slurm_counts_the_restart(lab: Lab) -> None:
     for name in ("n1", "n2", "n3"):
         lab.start_healthd(name)
-    job = lab.slurm(
+    submitted = lab.slurm(
         ["sbatch", "--parsable", "--resilient=2", "-N1", "--gpus-per-node=4",
          "--output=/dev/null", "--wrap", "sleep 300"]
-    ).stdout.strip().split(";")[0]  # fmt: skip
+    )  # fmt: skip
+    assert "error" not in submitted.stderr, submitted.stderr  # 26.05: "Invalid --requeue ..."
+    job = submitted.stdout.strip().split(";")[0]
+    assert _job_field(lab, job, "Requeue") == "1"  # cli_filter's bare --requeue
     poll("the job to run", lambda: _job_field(lab, job, "JobState") == "RUNNING", 30)
     victim = _job_field(lab, job, "NodeList")
     assert _job_field(lab, job, "Comment").startswith("medic:resilient=2")  # cli_filter + SPANK

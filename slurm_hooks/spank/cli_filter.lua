@@ -56,7 +56,10 @@ function slurm_cli_pre_submit(options, offset)
 		return slurm.SUCCESS
 	end
 	if options["type"] == "sbatch" then
-		options["requeue"] = "true"
+		-- A bare --requeue: "" is its empty argument. 22.05 and 24.11 ignore the value;
+		-- 26.05 takes an optional one ("expedite") and logs "Invalid --requeue
+		-- specification" for any other, such as "true".
+		options["requeue"] = ""
 	end
 	options["comment"] = tagged(options["comment"], n)
 	return slurm.SUCCESS
