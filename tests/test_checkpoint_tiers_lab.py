@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from bench.scripted_day import day_config, in_service, squeue
+from bench.spares import submit
 from cli.lab.cluster import Lab, wait_for
 from medic_core import proc
 from medic_core.slurm import expand_hostlist
@@ -164,14 +165,10 @@ def nodes_of(lab: Lab, job_id: str, run: int) -> list[str]:
     return expand_hostlist(str(squeue(lab, job_id)["nodes"]))
 
 
-def occupy(lab: Lab, env: dict[str, str], nodes: list[str]) -> str:
+def occupy(lab: Lab, nodes: list[str]) -> str:
     """A job holding `nodes` (running once this returns); its id."""
-    out = proc.run(
-        ["sbatch", "--parsable", f"-N{len(nodes)}", "--exclusive", f"--nodelist={','.join(nodes)}",
-         "--job-name=occupy", "--output=/dev/null", "--wrap", "sleep 3600"],
-        timeout=15, env=env, check=True,
-    )  # fmt: skip
-    job_id = out.stdout.strip().split(";")[0]
+    job_id = submit(lab, f"-N{len(nodes)}", "--exclusive", f"--nodelist={','.join(nodes)}",
+                    "--job-name=occupy", "--output=/dev/null", "--wrap", "sleep 3600")  # fmt: skip
     wait_for(f"{nodes} occupied", lambda: squeue(lab, job_id)["job_state"] == "RUNNING", 120, 0.1)
     return job_id
 
@@ -201,7 +198,7 @@ def test_a_two_node_job_resumes_from_local_after_xid_13_and_durable_after_xid_79
     # XID 13: the application's fault. Requeued, nodes kept: back on the same nodes, where
     # both ranks find their last step in tmpfs. Where Slurm places the requeued job is
     # Slurm's: the other nodes are kept busy meanwhile, so that it can only be there.
-    blocker = occupy(lab, env, [n for n in lab.node_names() if n not in first_nodes])
+    blocker = occupy(lab, [n for n in lab.node_names() if n not in first_nodes])
     last = stop_and_wait(work, 0)
     lab.inject(first_nodes[0], 0, ["xid=13"])
     wait_for("run 1 resumed", lambda: len(of(work, "resumed", 1)) == 2, 300, 0.1)
