@@ -35,7 +35,8 @@ back (HealthDaemon.record, Ladder.admit); every invariant holds throughout.
 
 Profiles (MEDIC_MODEL_PROFILE), each run by eight state machines that explore different
 sequences: "ci" (scripts/test's, 1,250 each: 10,000 sequences, ~200 s of CPU spread over the test
-workers), "thorough" (10,000 each, random seeds) and "dev" (a plain pytest's, 60 each).
+workers), "thorough" (10,000 each, random seeds) and "dev" (a plain pytest's, 63 each:
+tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -814,18 +815,18 @@ class FleetModel(RuleBasedStateMachine):
 # CI runs the issue's 10,000 sequences of up to 20 steps as eight derandomized runs of 1,250,
 # which pytest-xdist spreads over its workers (one run of 2,500 took 314 s on a loaded CI).
 # MEDIC_MODEL_PROFILE=thorough runs 10,000 per class with a fresh random seed (before a
-# release); "dev" 60 per class for a quick loop.
+# release); a plain `pytest` ("dev") a twentieth of CI's, as tests/conftest.py scales every
+# property test.
 COMMON = settings(
     stateful_step_count=20,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-settings.register_profile("ci", COMMON, max_examples=1_250, derandomize=True, database=None)
-settings.register_profile("thorough", COMMON, max_examples=10_000)
-settings.register_profile("dev", COMMON, max_examples=60)
-# A plain `pytest` runs the small "dev" profile (the local feedback loop); scripts/test, and so
-# CI, asks for "ci".
-MODEL_SETTINGS = settings.get_profile(os.environ.get("MEDIC_MODEL_PROFILE", "dev"))
+MODEL_SETTINGS = (
+    settings(COMMON, max_examples=10_000)
+    if os.environ.get("MEDIC_MODEL_PROFILE") == "thorough"
+    else settings(COMMON, max_examples=1_250, derandomize=True, database=None)
+)
 
 
 # Hypothesis seeds a derandomized run from the machine class, so each of these distinct

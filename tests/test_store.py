@@ -40,6 +40,7 @@ from medic_core.store import (
 )
 from medic_core.store.engine import make_engine, parse_url
 from medic_core.store.models import Base
+from tests.conftest import race_rounds
 from tests.pg import PostgresServer, pg_server  # noqa: F401  (pytest fixture)
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -523,7 +524,7 @@ def _open_and_write(url: str, barrier: Any, name: str) -> None:
         store.add_event("shared", at=T0, kind="race", severity="INFO", source=name)
 
 
-@pytest.mark.parametrize("round_", range(3))
+@pytest.mark.parametrize("round_", range(race_rounds(3)))
 def test_concurrent_first_opens_by_two_processes(
     request: pytest.FixtureRequest, backend: str, tmp_path: Path, round_: int
 ) -> None:

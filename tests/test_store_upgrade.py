@@ -41,7 +41,7 @@ from medic_core.store import (
 from medic_core.store.engine import make_engine, parse_url
 from medic_core.store.migrations import admits, migrate, min_compatible
 from remediation.episodes import ACTING, RESOLVED, EpisodeStore
-from tests.conftest import poll
+from tests.conftest import poll, race_rounds
 from tests.pg import PostgresServer, pg_server  # noqa: F401  (pytest fixture)
 from tests.test_daemon import plain_config, start_daemon, stop_daemon
 
@@ -276,7 +276,7 @@ def _migrate_and_write(url: str, barrier: Any, name: str) -> None:
         store.add_event("shared", at=T0, kind="race", severity="INFO", source=name)
 
 
-@pytest.mark.parametrize("round_", range(2))
+@pytest.mark.parametrize("round_", range(race_rounds(2)))
 def test_two_processes_upgrading_at_once_serialise(url: str, round_: int) -> None:
     with open_store(url) as store:  # this version's schema, with data
         store.set_condition("gpu01", _update("gpu.xid.79"), T0)
