@@ -41,7 +41,6 @@ tests/conftest.py).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +78,7 @@ from remediation.decide import (
 )
 from remediation.decide_resume import decide_resume
 from remediation.policy import drain_cap
+from tests.conftest import MODEL_PROFILE
 from tests.fakes import FakeSlurm, SlurmJob, SlurmNode
 
 # --- the fake Slurm ---------------------------------------------------------------------------
@@ -822,11 +822,11 @@ COMMON = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-MODEL_SETTINGS = (
-    settings(COMMON, max_examples=10_000)
-    if os.environ.get("MEDIC_MODEL_PROFILE") == "thorough"
-    else settings(COMMON, max_examples=1_250, derandomize=True, database=None)
-)
+# "dev" has CI's size, scaled down by the conftest, with a fresh seed each run as before.
+MODEL_SETTINGS = {
+    "ci": settings(COMMON, max_examples=1_250, derandomize=True, database=None),
+    "thorough": settings(COMMON, max_examples=10_000),
+}.get(MODEL_PROFILE, settings(COMMON, max_examples=1_250))
 
 
 # Hypothesis seeds a derandomized run from the machine class, so each of these distinct
